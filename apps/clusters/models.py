@@ -1,0 +1,46 @@
+from django.db import models
+
+from apps.clusters.choices import NodeState
+
+
+class Cluster(models.Model):
+    name = models.SlugField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class AgentToken(models.Model):
+    """An agent's credential. Only the SHA-256 digest of the secret is stored."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="tokens")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=12, help_text="first characters, to recognise a token")
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.name or self.prefix}"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+class Node(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=255)
+    info = models.JSONField(default=dict, blank=True, help_text="node_info from the agent")
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.ACTIVE)
+    last_seen = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="node_unique_per_cluster")
+        ]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.name}"

@@ -1,0 +1,53 @@
+"""Size limit and gzip decoding for the ingest endpoint, before Django parses anything.
+
+The limit is on the *decoded* body (contract: 8 MiB), so a small gzip bomb is cut off
+while it is inflated, not after.
+"""
+
+import zlib
+
+from django.conf import settings
+
+from opsboard.errors import error_response
+
+INGEST_PATH = "/api/v1/ingest"
+
+
+class IngestBodyMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.path == INGEST_PATH and request.method == "POST":
+            problem = self._decode(request)
+            if problem is not None:
+                return problem
+        return self.get_response(request)
+
+    def _decode(self, request):
+        limit = settings.INGEST_MAX_BODY_BYTES
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+        if length > limit:
+            return _too_large(limit)
+        body = request.body
+        encoding = request.META.get("HTTP_CONTENT_ENCODING", "identity").strip().lower()
+        if encoding == "gzip":
+            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            try:
+                decoded = inflater.decompress(body, limit + 1)
+            except zlib.error:
+                return error_response(400, [{"loc": "body", "msg": "not a valid gzip stream"}])
+            if len(decoded) > limit or inflater.unconsumed_tail:
+                return _too_large(limit)
+            if not inflater.eof:
+                return error_response(400, [{"loc": "body", "msg": "not a valid gzip stream (truncated)"}])
+            request._body = decoded
+        elif encoding not in ("identity", ""):
+            return error_response(
+                415, [{"loc": "Content-Encoding", "msg": f"unsupported encoding {encoding!r}"}]
+            )
+        return None
+
+
+def _too_large(limit: int):
+    return error_response(413, [{"loc": "body", "msg": f"decoded body over {limit} bytes"}])

@@ -1,0 +1,194 @@
+"""The ingest path after the view: durable accept → enqueue → drain the inbox into storage."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+
+from apps.clusters.models import AgentToken
+from apps.clusters.services import nodes_touch
+from apps.runs.services import RunSeen, events_store, runs_touch, steps_store
+from apps.telemetry.services import health_update, samples_store
+from apps.live.services import live_mark_dirty
+
+logger = logging.getLogger(__name__)
+
+BROKER_BACKOFF_S = 5.0
+
+
+def batch_accept(*, token: AgentToken, batch_id: str, payload: bytes) -> int | None:
+    """Commit the batch to the inbox and enqueue it; None when the batch_id was seen before.
+
+    Runs in autocommit: when this returns an id, the row is committed, so the batch survives
+    a Redis outage or a killed worker (the sweep re-enqueues it)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO ingest_inboxbatch (token_id, batch_id, received_at, payload)"
+            " VALUES (%s, %s, now(), %s)"
+            " ON CONFLICT (token_id, batch_id) DO NOTHING RETURNING id",
+            [token.pk, batch_id, payload],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    transaction.on_commit(lambda: batch_enqueue(inbox_id=row[0]))
+    return row[0]
+
+
+class _BrokerBreaker:
+    """After a failed publish, skip publishing for a while: the inbox sweep covers the gap,
+    and agents keep getting fast 202s instead of waiting on a dead broker each time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open_until = 0.0
+
+    def allows(self) -> bool:
+        return time.monotonic() >= self._open_until
+
+    def trip(self) -> None:
+        with self._lock:
+            self._open_until = time.monotonic() + BROKER_BACKOFF_S
+
+
+_breaker = _BrokerBreaker()
+
+
+def batch_enqueue(*, inbox_id: int) -> bool:
+    from apps.ingest.tasks import batch_process
+
+    if not _breaker.allows():
+        return False
+    try:
+        batch_process.apply_async((inbox_id,), retry=False)
+    except Exception:  # any broker failure: the row is durable, the sweep will enqueue it
+        logger.warning("broker unavailable; inbox row %s left for the sweep", inbox_id)
+        _breaker.trip()
+        return False
+    return True
+
+
+@dataclass
+class DrainResult:
+    batches: int = 0
+    samples: int = 0
+    steps: int = 0
+    events: int = 0
+    nodes: set[tuple[int, int]] = field(default_factory=set)  # (cluster id, node id)
+
+
+def inbox_drain(*, first_id: int | None, limit: int) -> DrainResult:
+    """Store up to `limit` unprocessed inbox rows (`first_id` first) in one transaction.
+
+    Rows locked by another worker are skipped, a processed row is never stored again, so
+    running this twice for the same id, or concurrently, stores every batch exactly once."""
+    with transaction.atomic():
+        rows = _claim(first_id=first_id, limit=limit)
+        if not rows:
+            return DrainResult()
+        stored = batches_store(
+            batches=[
+                ClaimedBatch(cluster_id=row[1], received_at=row[2], body=json.loads(bytes(row[3])))
+                for row in rows
+            ]
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE ingest_inboxbatch SET processed_at = now(), payload = NULL"
+                " WHERE id = ANY(%s)",
+                [[row[0] for row in rows]],
+            )
+        stored.batches = len(rows)
+        transaction.on_commit(lambda: live_mark_dirty(nodes=stored.nodes))
+    return stored
+
+
+@dataclass(frozen=True)
+class ClaimedBatch:
+    cluster_id: int
+    received_at: datetime
+    body: dict[str, Any]
+
+
+def batches_store(*, batches: list[ClaimedBatch]) -> DrainResult:
+    """Store validated batches: nodes, runs, sample chunks, latest health, steps, events.
+
+    Runs inside the caller's transaction; each table gets one statement for all batches."""
+    node_ids = nodes_touch(
+        seen={
+            (b.cluster_id, b.body["node"]): (b.received_at, b.body.get("node_info"))
+            for b in batches
+        }
+    )
+    runs_seen: dict[tuple[int, str], RunSeen] = defaultdict(RunSeen)
+    for batch in batches:
+        if batch.body.get("run"):
+            run = runs_seen[batch.cluster_id, batch.body["run"]]
+            for step in batch.body.get("steps", ()):
+                run.add_step(step)
+    run_ids = runs_touch(seen=runs_seen)
+
+    samples_by_node: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    steps, events = [], []
+    for batch in batches:
+        node_id = node_ids[batch.cluster_id, batch.body["node"]]
+        run_id = run_ids.get((batch.cluster_id, batch.body.get("run") or ""))
+        samples_by_node[node_id].extend(batch.body.get("samples", ()))
+        steps.extend((run_id, node_id, step) for step in batch.body.get("steps", ()))
+        events.extend(
+            (batch.cluster_id, node_id, run_id, event) for event in batch.body.get("events", ())
+        )
+    result = DrainResult(nodes={(key[0], node_id) for key, node_id in node_ids.items()})
+    result.samples = samples_store(samples_by_node=samples_by_node)
+    health_update(samples_by_node=samples_by_node)
+    result.steps = steps_store(steps=steps)
+    result.events = events_store(events=events)
+    return result
+
+
+_CLAIM_SQL = """
+SELECT b.id, t.cluster_id, b.received_at, b.payload
+FROM ingest_inboxbatch b JOIN clusters_agenttoken t ON t.id = b.token_id
+WHERE b.processed_at IS NULL {condition}
+ORDER BY b.id LIMIT %s
+FOR UPDATE OF b SKIP LOCKED
+"""
+
+
+def _claim(*, first_id: int | None, limit: int) -> list[tuple]:
+    with connection.cursor() as cursor:
+        rows: list[tuple] = []
+        if first_id is not None:
+            cursor.execute(_CLAIM_SQL.format(condition="AND b.id = %s"), [first_id, 1])
+            rows = cursor.fetchall()
+        if limit > len(rows):
+            cursor.execute(
+                _CLAIM_SQL.format(condition="AND b.id <> %s"),
+                [first_id or 0, limit - len(rows)],
+            )
+            rows += cursor.fetchall()
+    return rows
+
+
+def inbox_sweep(*, older_than_s: float, limit: int = 10_000) -> int:
+    """Re-enqueue inbox rows left unprocessed (lost task, broker down); returns how many."""
+    from apps.ingest.tasks import batch_process
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM ingest_inboxbatch WHERE processed_at IS NULL"
+            " AND received_at < now() - make_interval(secs => %s) ORDER BY id LIMIT %s",
+            [older_than_s, limit],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    for inbox_id in ids:
+        batch_process.apply_async((inbox_id,))
+    return len(ids)

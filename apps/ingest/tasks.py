@@ -1,0 +1,24 @@
+from celery import shared_task
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
+
+from apps.ingest import services
+
+
+@shared_task(
+    name="ingest.batch_process",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=True,
+    retry_backoff_max=30,
+    max_retries=None,
+)
+def batch_process(inbox_id: int) -> int:
+    """Store inbox row `inbox_id` (and, in a backlog, the rows queued behind it)."""
+    return services.inbox_drain(first_id=inbox_id, limit=settings.INGEST_DRAIN_ROWS).batches
+
+
+@shared_task(name="ingest.inbox_sweep", ignore_result=True)
+def inbox_sweep() -> int:
+    return services.inbox_sweep(older_than_s=settings.INGEST_SWEEP_AGE)

@@ -1,0 +1,43 @@
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Router, Schema
+
+from apps.ingest.auth import reader_auth
+from apps.ingest.schemas import Errors
+from apps.runs.selectors import run_get, run_summary
+from apps.telemetry.api import request_cluster_filter
+from opsboard.errors import FieldError
+
+router = Router(tags=["reading back"])
+
+
+class CheckpointAt(Schema):
+    step: int | None
+    at: float
+
+
+class CheckpointOut(Schema):
+    local: CheckpointAt | None
+    durable: CheckpointAt | None
+    work_at_risk_gpu_hours: float | None
+
+
+class RunOut(Schema):
+    run: str
+    state: str
+    ranks: int
+    last_step: int | None
+    last_step_at: float | None
+    tokens_per_s: float | None
+    goodput: Any | None
+    checkpoint: CheckpointOut
+    nodes: list[str]
+
+
+@router.get("/runs/{name}", auth=reader_auth, response={200: RunOut, 404: Errors})
+def run_detail(request: HttpRequest, name: str, cluster: str | None = None):
+    run = run_get(name=name, **request_cluster_filter(request, cluster))
+    if run is None:
+        raise FieldError(404, "name", "no such run")
+    return run_summary(run=run)

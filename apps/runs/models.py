@@ -1,0 +1,73 @@
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import BrinIndex
+from django.db import models
+
+from apps.clusters.models import Cluster, Node
+from apps.runs.choices import EventKind, RunState
+
+
+class Run(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="runs")
+    name = models.CharField(max_length=255)
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.RUNNING)
+    first_step = models.BigIntegerField(null=True, blank=True)
+    last_step = models.BigIntegerField(null=True, blank=True)
+    last_step_at = models.DateTimeField(null=True, blank=True)
+    world_size = models.IntegerField(default=0, help_text="highest rank seen + 1")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="run_unique_per_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.name}"
+
+
+class StepReport(models.Model):
+    """One rank's report of one training step: every field of the contract's `steps`."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    ts = models.DateTimeField()
+    rank = models.IntegerField()
+    step = models.BigIntegerField()
+    step_time = models.FloatField()
+    data_time = models.FloatField(null=True)
+    h2d_time = models.FloatField(null=True)
+    compute_time = models.FloatField(null=True)
+    comm_wait = models.FloatField(null=True)
+    tokens = models.BigIntegerField(null=True)
+    loss = models.FloatField(null=True)
+    grad_checksum = models.CharField(max_length=64, null=True)
+    param_checksum = models.CharField(max_length=64, null=True)
+    canary_norm = models.FloatField(null=True)
+    canary_proj = ArrayField(models.FloatField(), null=True)
+    shard = models.CharField(max_length=128, null=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["run", "step"], name="stepreport_run_step"),
+            BrinIndex(fields=["ts"], name="stepreport_ts_brin"),
+        ]
+
+
+class RunEvent(models.Model):
+    """An agent event (checkpoint, restart, oom, xid, ecc, error, log); `run` may be absent."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, null=True, related_name="events")
+    ts = models.DateTimeField()
+    kind = models.CharField(max_length=16, choices=EventKind.choices)
+    step = models.BigIntegerField(null=True)
+    rank = models.IntegerField(null=True)
+    gpu = models.IntegerField(null=True)
+    data = models.JSONField(default=dict, help_text="the event's other fields, as sent")
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["run", "kind", "ts"], name="runevent_run_kind_ts"),
+            models.Index(fields=["node", "ts"], name="runevent_node_ts"),
+        ]

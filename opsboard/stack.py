@@ -1,0 +1,144 @@
+"""Start the whole stack in the foreground: `python -m opsboard.stack run|demo`.
+
+Resolves Postgres and Redis (DATABASE_URL / REDIS_URL, or the embedded default under
+./var/), migrates, collects static files, then runs the ASGI server (127.0.0.1:8000),
+a Celery worker, Celery beat, the live publisher and, for `demo`, a feeder that posts
+realistic batches through the HTTP API. Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def service_env() -> tuple[dict[str, str], bool]:
+    """The environment for the children, with both URLs set; True if embedded was started."""
+    environment = dict(os.environ)
+    embedded = False
+    if not environment.get("DATABASE_URL"):
+        from opsboard.embedded import database_url
+
+        environment["DATABASE_URL"] = database_url()
+        embedded = True
+    if not environment.get("REDIS_URL"):
+        from opsboard.embedded import redis_url
+
+        environment["REDIS_URL"] = redis_url()
+        embedded = True
+    # Served on loopback over plain HTTP: secure-cookie and HTTPS redirects stay off unless set.
+    for name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE"):
+        environment.setdefault(name, "false")
+    return environment, embedded
+
+
+def manage(environment: dict[str, str], *args: str, capture: bool = False) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=environment, check=True,
+        stdout=subprocess.PIPE if capture else None, text=True,
+    )
+    return done.stdout or ""
+
+
+def processes(environment: dict[str, str], args: argparse.Namespace) -> dict[str, list[str]]:
+    python = sys.executable
+    var = Path(environment.get("OPSBOARD_VAR_DIR", ROOT / "var")).resolve()
+    commands = {
+        "web": [python, "-m", "uvicorn", "opsboard.asgi:application", "--host", args.host,
+                "--port", str(args.port), "--workers", str(args.web_workers),
+                "--no-access-log"],
+        "worker": [python, "-m", "celery", "-A", "opsboard", "worker", "--loglevel", "INFO",
+                   "--concurrency", str(args.worker_concurrency), "--without-mingle",
+                   "--without-gossip", "-Q", environment.get("OPSBOARD_REDIS_PREFIX", "opsboard")],
+        "beat": [python, "-m", "celery", "-A", "opsboard", "beat", "--loglevel", "INFO",
+                 "--schedule", str(var / "celerybeat-schedule")],
+        "publisher": [python, "manage.py", "live_publisher"],
+    }
+    if args.command == "demo":
+        commands["feeder"] = [python, "manage.py", "demo_feed", "--server",
+                              f"http://{args.host}:{args.port}"]
+    return commands
+
+
+def wait_for_http(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
+
+
+def demo_operator(environment: dict[str, str]) -> tuple[str, str]:
+    password = secrets.token_urlsafe(9)
+    manage(environment, "demo_operator", "--username", "operator", "--password", password)
+    return "operator", password
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m opsboard.stack")
+    parser.add_argument("command", choices=["run", "demo"])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
+    parser.add_argument("--web-workers", type=int, default=int(os.environ.get("WEB_WORKERS", 1)))
+    parser.add_argument("--worker-concurrency", type=int,
+                        default=int(os.environ.get("WORKER_CONCURRENCY", 2)))
+    args = parser.parse_args(argv)
+    os.chdir(ROOT)
+
+    environment, embedded = service_env()
+    manage(environment, "migrate", "--noinput", "-v", "0")
+    manage(environment, "collectstatic", "--noinput", "-v", "0")
+    login = demo_operator(environment) if args.command == "demo" else None
+
+    children: dict[str, subprocess.Popen] = {}
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        for name, command in processes(environment, args).items():
+            children[name] = subprocess.Popen(command, cwd=ROOT, env=environment)
+        wait_for_http(f"http://{args.host}:{args.port}/healthz")
+        print(f"\nOpsboard is up: http://{args.host}:{args.port}/", flush=True)
+        if login:
+            print(f"Demo operator login: {login[0]} / {login[1]}\n", flush=True)
+        while not stopping:
+            for name, child in children.items():
+                if child.poll() is not None:
+                    print(f"{name} exited with {child.returncode}; stopping", file=sys.stderr)
+                    stopping = True
+            time.sleep(0.3)
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.terminate()
+        for child in children.values():
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if embedded:
+            from opsboard.embedded import stop_all
+
+            stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

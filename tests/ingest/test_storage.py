@@ -1,0 +1,1 @@
+"""The worker's service, run in-process on real Postgres: what a batch becomes."""

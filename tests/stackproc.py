@@ -1,0 +1,119 @@
+"""Real processes for tests: the ASGI server, Celery worker (with beat), live publisher.
+
+Everything binds 127.0.0.1 and is stopped by the fixture that started it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR = ROOT / "tests" / "artifacts" / "logs"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def database_url(settings_dict: dict) -> str:
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = f":{settings_dict['PORT']}" if settings_dict.get("PORT") else ""
+    user = quote(settings_dict.get("USER") or "postgres", safe="")
+    password = settings_dict.get("PASSWORD")
+    auth = f"{user}:{quote(password, safe='')}" if password else user
+    return f"postgres://{auth}@{quote(host, safe='')}{port}/{settings_dict['NAME']}"
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+class Process:
+    def __init__(self, name: str, command: list[str], env: dict[str, str]) -> None:
+        self.name, self.command, self.env = name, command, env
+        self.popen: subprocess.Popen | None = None
+
+    def start(self) -> Process:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        log = open(LOG_DIR / f"{self.name}.log", "ab")
+        self.popen = subprocess.Popen(
+            self.command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (a Celery worker's pool children too)."""
+        if self.popen and self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
+            self.popen.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.popen and self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+class Stack:
+    """A web server, a worker and a publisher sharing one database and one Redis."""
+
+    def __init__(self, env: dict[str, str], name: str = "stack", publisher: bool = True) -> None:
+        self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        python = sys.executable
+        queue = self.env.get("OPSBOARD_REDIS_PREFIX", "opsboard")
+        self.web = Process(f"{name}-web", [
+            python, "-m", "uvicorn", "opsboard.asgi:application", "--host", "127.0.0.1",
+            "--port", str(self.port), "--no-access-log"], self.env)
+        self.worker = Process(f"{name}-worker", [
+            python, "-m", "celery", "-A", "opsboard", "worker", "-B", "--loglevel", "INFO",
+            "--concurrency", "2", "--without-mingle", "--without-gossip", "-Q", queue,
+            "--schedule", str(LOG_DIR / f"{name}-beat-schedule")], self.env)
+        self.publisher = Process(f"{name}-publisher", [python, "manage.py", "live_publisher"],
+                                 self.env) if publisher else None
+
+    def start(self) -> Stack:
+        self.web.start()
+        self.worker.start()
+        if self.publisher:
+            self.publisher.start()
+        wait_until(lambda: http_ok(f"{self.url}/healthz"), 60, f"{self.name} web server")
+        return self
+
+    def stop(self) -> None:
+        for process in (self.publisher, self.worker, self.web):
+            if process:
+                process.stop()
