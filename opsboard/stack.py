@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_RESTARTS_PER_MINUTE = 5
 
 
 def service_env() -> tuple[dict[str, str], bool]:
@@ -43,8 +44,12 @@ def service_env() -> tuple[dict[str, str], bool]:
 
 def manage(environment: dict[str, str], *args: str, capture: bool = False) -> str:
     done = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=environment, check=True,
-        stdout=subprocess.PIPE if capture else None, text=True,
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=environment,
+        check=True,
+        stdout=subprocess.PIPE if capture else None,
+        text=True,
     )
     return done.stdout or ""
 
@@ -53,19 +58,57 @@ def processes(environment: dict[str, str], args: argparse.Namespace) -> dict[str
     python = sys.executable
     var = Path(environment.get("OPSBOARD_VAR_DIR", ROOT / "var")).resolve()
     commands = {
-        "web": [python, "-m", "uvicorn", "opsboard.asgi:application", "--host", args.host,
-                "--port", str(args.port), "--workers", str(args.web_workers),
-                "--no-access-log"],
-        "worker": [python, "-m", "celery", "-A", "opsboard", "worker", "--loglevel", "INFO",
-                   "--concurrency", str(args.worker_concurrency), "--without-mingle",
-                   "--without-gossip", "-Q", environment.get("OPSBOARD_REDIS_PREFIX", "opsboard")],
-        "beat": [python, "-m", "celery", "-A", "opsboard", "beat", "--loglevel", "INFO",
-                 "--schedule", str(var / "celerybeat-schedule")],
+        "web": [
+            python,
+            "-m",
+            "uvicorn",
+            "opsboard.asgi:application",
+            "--host",
+            args.host,
+            "--port",
+            str(args.port),
+            "--workers",
+            str(args.web_workers),
+            "--no-access-log",
+        ],
+        "worker": [
+            python,
+            "-m",
+            "celery",
+            "-A",
+            "opsboard",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--concurrency",
+            str(args.worker_concurrency),
+            "--without-mingle",
+            "--without-gossip",
+            "-Q",
+            environment.get("OPSBOARD_REDIS_PREFIX", "opsboard"),
+        ],
+        "beat": [
+            python,
+            "-m",
+            "celery",
+            "-A",
+            "opsboard",
+            "beat",
+            "--loglevel",
+            "INFO",
+            "--schedule",
+            str(var / "celerybeat-schedule"),
+        ],
         "publisher": [python, "manage.py", "live_publisher"],
     }
     if args.command == "demo":
-        commands["feeder"] = [python, "manage.py", "demo_feed", "--server",
-                              f"http://{args.host}:{args.port}"]
+        commands["feeder"] = [
+            python,
+            "manage.py",
+            "demo_feed",
+            "--server",
+            f"http://{args.host}:{args.port}",
+        ]
     return commands
 
 
@@ -92,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
     parser.add_argument("--web-workers", type=int, default=int(os.environ.get("WEB_WORKERS", 1)))
-    parser.add_argument("--worker-concurrency", type=int,
-                        default=int(os.environ.get("WORKER_CONCURRENCY", 2)))
+    parser.add_argument(
+        "--worker-concurrency", type=int, default=int(os.environ.get("WORKER_CONCURRENCY", 2))
+    )
     args = parser.parse_args(argv)
     os.chdir(ROOT)
 
@@ -112,17 +156,29 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     try:
-        for name, command in processes(environment, args).items():
+        commands = processes(environment, args)
+        for name, command in commands.items():
             children[name] = subprocess.Popen(command, cwd=ROOT, env=environment)
         wait_for_http(f"http://{args.host}:{args.port}/healthz")
         print(f"\nOpsboard is up: http://{args.host}:{args.port}/", flush=True)
         if login:
             print(f"Demo operator login: {login[0]} / {login[1]}\n", flush=True)
+        restarts: list[float] = []
         while not stopping:
-            for name, child in children.items():
-                if child.poll() is not None:
-                    print(f"{name} exited with {child.returncode}; stopping", file=sys.stderr)
+            for name, child in list(children.items()):
+                if child.poll() is None or stopping:
+                    continue
+                # Restart like systemd would (Celery's worker exits on some broker failures),
+                # but give up on a crash loop.
+                restarts = [at for at in restarts if at > time.monotonic() - 60] + [
+                    time.monotonic()
+                ]
+                if len(restarts) > MAX_RESTARTS_PER_MINUTE:
+                    print(f"{name} keeps exiting; stopping", file=sys.stderr)
                     stopping = True
+                    break
+                print(f"{name} exited with {child.returncode}; restarting", file=sys.stderr)
+                children[name] = subprocess.Popen(commands[name], cwd=ROOT, env=environment)
             time.sleep(0.3)
     finally:
         for child in children.values():

@@ -60,19 +60,29 @@ class AgentClient:
         self.base_url, self.secret = base_url, secret
         self.http = httpx.Client(base_url=base_url, timeout=30)
 
-    def post(self, batch: dict | bytes, *, gzip_body: bool = False, secret: str | None = None,
-             headers: dict | None = None) -> httpx.Response:
+    def post(
+        self,
+        batch: dict | bytes,
+        *,
+        gzip_body: bool = False,
+        secret: str | None = None,
+        headers: dict | None = None,
+    ) -> httpx.Response:
         body = batch if isinstance(batch, bytes) else json.dumps(batch).encode()
-        all_headers = {"Authorization": f"Bearer {secret or self.secret}",
-                       "Content-Type": "application/json", **(headers or {})}
+        all_headers = {
+            "Authorization": f"Bearer {secret or self.secret}",
+            "Content-Type": "application/json",
+            **(headers or {}),
+        }
         if gzip_body:
             body = gzip.compress(body)
             all_headers["Content-Encoding"] = "gzip"
         return self.http.post("/api/v1/ingest", content=body, headers=all_headers)
 
     def get(self, path: str, **params) -> httpx.Response:
-        return self.http.get(path, params=params,
-                             headers={"Authorization": f"Bearer {self.secret}"})
+        return self.http.get(
+            path, params=params, headers={"Authorization": f"Bearer {self.secret}"}
+        )
 
 
 @pytest.fixture
@@ -82,8 +92,15 @@ def agent(live_stack, agent_token):
     client.http.close()
 
 
-def make_batch(batch_id: str | None = None, node: str = "node-01", samples: int = 10,
-               steps: int = 0, run: str | None = None, ts: float | None = None, **extra) -> dict:
+def make_batch(
+    batch_id: str | None = None,
+    node: str = "node-01",
+    samples: int = 10,
+    steps: int = 0,
+    run: str | None = None,
+    ts: float | None = None,
+    **extra,
+) -> dict:
     """A valid batch: `samples` gpu.util readings (one per second) and `steps` step reports."""
     ts = time.time() if ts is None else ts
     batch = {
@@ -97,8 +114,17 @@ def make_batch(batch_id: str | None = None, node: str = "node-01", samples: int 
     if steps:
         batch["run"] = run or "run-1"
         batch["steps"] = [
-            {"ts": ts, "rank": rank, "step": 100, "step_time": 0.8, "compute_time": 0.6,
-             "comm_wait": 0.15, "data_time": 0.04, "h2d_time": 0.01, "tokens": 1000}
+            {
+                "ts": ts,
+                "rank": rank,
+                "step": 100,
+                "step_time": 0.8,
+                "compute_time": 0.6,
+                "comm_wait": 0.15,
+                "data_time": 0.04,
+                "h2d_time": 0.01,
+                "tokens": 1000,
+            }
             for rank in range(steps)
         ]
     batch.update(extra)

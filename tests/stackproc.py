@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -53,26 +54,56 @@ def http_ok(url: str) -> bool:
 
 
 class Process:
-    def __init__(self, name: str, command: list[str], env: dict[str, str]) -> None:
+    """A child process; `supervised` ones are restarted when they exit on their own, as
+    systemd or a container runtime would (Celery's worker exits on some broker failures)."""
+
+    def __init__(
+        self, name: str, command: list[str], env: dict[str, str], supervised: bool = False
+    ) -> None:
         self.name, self.command, self.env = name, command, env
         self.popen: subprocess.Popen | None = None
+        self.supervised = supervised
+        self.restarts = 0
+        self._wanted = False
 
     def start(self) -> Process:
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        log = open(LOG_DIR / f"{self.name}.log", "ab")
-        self.popen = subprocess.Popen(
-            self.command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self._wanted = True
+        self._spawn()
+        if self.supervised:
+            threading.Thread(target=self._supervise, args=(self.popen,), daemon=True).start()
         return self
+
+    def _supervise(self, popen: subprocess.Popen) -> None:
+        while True:
+            popen.wait()
+            time.sleep(1)
+            if not self._wanted or self.popen is not popen:
+                return
+            self.restarts += 1
+            self._spawn()
+            popen = self.popen
+
+    def _spawn(self) -> None:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        with open(LOG_DIR / f"{self.name}.log", "ab") as log:  # the child keeps its own fd
+            self.popen = subprocess.Popen(
+                self.command,
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group (a Celery worker's pool children too)."""
+        self._wanted = False
         if self.popen and self.popen.poll() is None:
             os.killpg(self.popen.pid, sig)
             self.popen.wait(timeout=30)
 
     def stop(self) -> None:
+        self._wanted = False
         if self.popen and self.popen.poll() is None:
             os.killpg(self.popen.pid, signal.SIGTERM)
             try:
@@ -95,15 +126,50 @@ class Stack:
         self.url = f"http://127.0.0.1:{self.port}"
         python = sys.executable
         queue = self.env.get("OPSBOARD_REDIS_PREFIX", "opsboard")
-        self.web = Process(f"{name}-web", [
-            python, "-m", "uvicorn", "opsboard.asgi:application", "--host", "127.0.0.1",
-            "--port", str(self.port), "--no-access-log"], self.env)
-        self.worker = Process(f"{name}-worker", [
-            python, "-m", "celery", "-A", "opsboard", "worker", "-B", "--loglevel", "INFO",
-            "--concurrency", "2", "--without-mingle", "--without-gossip", "-Q", queue,
-            "--schedule", str(LOG_DIR / f"{name}-beat-schedule")], self.env)
-        self.publisher = Process(f"{name}-publisher", [python, "manage.py", "live_publisher"],
-                                 self.env) if publisher else None
+        self.web = Process(
+            f"{name}-web",
+            [
+                python,
+                "-m",
+                "uvicorn",
+                "opsboard.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--no-access-log",
+            ],
+            self.env,
+        )
+        self.worker = Process(
+            f"{name}-worker",
+            [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "opsboard",
+                "worker",
+                "-B",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "2",
+                "--without-mingle",
+                "--without-gossip",
+                "-Q",
+                queue,
+                "--schedule",
+                str(LOG_DIR / f"{name}-beat-schedule"),
+            ],
+            self.env,
+            supervised=True,
+        )
+        self.publisher = (
+            Process(f"{name}-publisher", [python, "manage.py", "live_publisher"], self.env)
+            if publisher
+            else None
+        )
 
     def start(self) -> Stack:
         self.web.start()

@@ -17,17 +17,28 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def embedded_env(var_dir) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("DATABASE_URL", "REDIS_URL", "OPSBOARD_REDIS_PREFIX")}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DATABASE_URL", "REDIS_URL", "OPSBOARD_REDIS_PREFIX")
+    }
     return {**env, "OPSBOARD_VAR_DIR": str(var_dir), "DEBUG": "true", "PYTHONUNBUFFERED": "1"}
 
 
 def start_stack(env, port, log):
     process = subprocess.Popen(
         [sys.executable, "-m", "opsboard.stack", "run", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/healthz") or process.poll() is not None,
-               120, "the embedded stack")
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    wait_until(
+        lambda: http_ok(f"http://127.0.0.1:{port}/healthz") or process.poll() is not None,
+        120,
+        "the embedded stack",
+    )
     assert process.poll() is None, "the stack exited during start-up"
     return process
 
@@ -38,10 +49,12 @@ def stop_stack(process):
 
 
 def series(port, secret, start):
-    response = httpx.get(f"http://127.0.0.1:{port}/api/v1/series",
-                         params={"node": "node-01", "metric": "gpu.util", "gpu": 0,
-                                 "start": start},
-                         headers={"Authorization": f"Bearer {secret}"}, timeout=10)
+    response = httpx.get(
+        f"http://127.0.0.1:{port}/api/v1/series",
+        params={"node": "node-01", "metric": "gpu.util", "gpu": 0, "start": start},
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=10,
+    )
     return response.json()["points"] if response.status_code == 200 else []
 
 
@@ -52,15 +65,23 @@ def test_the_embedded_default_ingests_end_to_end_and_keeps_its_data(tmp_path):
         stack = start_stack(env, port, log)
         try:
             secret = subprocess.run(
-                [sys.executable, "manage.py", "issue_token", "embedded"], cwd=ROOT, env=env,
-                capture_output=True, text=True, check=True).stdout.strip()
+                [sys.executable, "manage.py", "issue_token", "embedded"],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
             now = time.time()
-            response = httpx.post(f"http://127.0.0.1:{port}/api/v1/ingest",
-                                  json=make_batch(samples=8, ts=now),
-                                  headers={"Authorization": f"Bearer {secret}"})
+            response = httpx.post(
+                f"http://127.0.0.1:{port}/api/v1/ingest",
+                json=make_batch(samples=8, ts=now),
+                headers={"Authorization": f"Bearer {secret}"},
+            )
             assert response.status_code == 202
-            points = wait_until(lambda: series(port, secret, now - 60), 60,
-                                "the batch to be stored")
+            points = wait_until(
+                lambda: series(port, secret, now - 60), 60, "the batch to be stored"
+            )
             assert len(points) == 1 and points[0][1] == 0.0
         finally:
             stop_stack(stack)

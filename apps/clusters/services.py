@@ -35,7 +35,9 @@ def token_revoke(*, token: AgentToken) -> None:
     )
 
 
-def nodes_touch(*, seen: dict[tuple[int, str], tuple[datetime, dict | None]]) -> dict[tuple[int, str], int]:
+def nodes_touch(
+    *, seen: dict[tuple[int, str], tuple[datetime, dict | None]]
+) -> dict[tuple[int, str], int]:
     """Register unknown nodes and set `last_seen` (and `info` when sent) of the others.
 
     `seen` maps (cluster_id, node name) to (received at, node_info or None); returns

@@ -7,20 +7,46 @@ from apps.ingest.services import batch_accept
 
 router = Router(tags=["ingest"])
 
+# The body is parsed by pydantic straight from JSON (in Rust), not by ninja's json.loads +
+# validate_python: a third of the cost on the hot path. The schema is documented here and
+# registered in the components by opsboard.api.
+BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IngestBatch"}}},
+    }
+}
+
 
 @router.post(
     "/ingest",
     auth=agent_auth,
-    response={202: IngestAccepted, 200: IngestDuplicate, 400: Errors, 401: Errors, 413: Errors,
-              503: Errors},
+    response={
+        202: IngestAccepted,
+        200: IngestDuplicate,
+        400: Errors,
+        401: Errors,
+        413: Errors,
+        503: Errors,
+    },
     summary="Post one batch of telemetry, step reports and events from one node",
+    openapi_extra=BODY_DOC,
 )
-def ingest(request: HttpRequest, batch: IngestBatch):
+def ingest(request: HttpRequest):
     """202 means the batch is committed to the Postgres inbox: it will be stored exactly once."""
-    inbox_id = batch_accept(token=request.agent_token, batch_id=batch.batch_id, payload=request.body)
+    batch = IngestBatch.model_validate_json(request.body)
+    wire_body = getattr(request, "ingest_wire_body", None)
+    inbox_id = batch_accept(
+        token=request.agent_token,
+        batch_id=batch.batch_id,
+        payload=wire_body or request.body,
+        encoding="gzip" if wire_body else "identity",
+    )
     if inbox_id is None:
         return Status(200, {"batch_id": batch.batch_id, "duplicate": True})
     accepted = {
-        "samples": len(batch.samples), "steps": len(batch.steps), "events": len(batch.events)
+        "samples": len(batch.samples),
+        "steps": len(batch.steps),
+        "events": len(batch.events),
     }
     return Status(202, {"batch_id": batch.batch_id, "accepted": accepted})

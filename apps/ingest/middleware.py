@@ -40,8 +40,11 @@ class IngestBodyMiddleware:
             if len(decoded) > limit or inflater.unconsumed_tail:
                 return _too_large(limit)
             if not inflater.eof:
-                return error_response(400, [{"loc": "body", "msg": "not a valid gzip stream (truncated)"}])
+                return error_response(
+                    400, [{"loc": "body", "msg": "not a valid gzip stream (truncated)"}]
+                )
             request._body = decoded
+            request.ingest_wire_body = body  # stored as it came (see InboxBatch.payload)
         elif encoding not in ("identity", ""):
             return error_response(
                 415, [{"loc": "Content-Encoding", "msg": f"unsupported encoding {encoding!r}"}]

@@ -6,7 +6,6 @@ checks, so every rule of the contract that can make a batch invalid lives in thi
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Annotated, Any, Literal
 
@@ -30,65 +29,38 @@ class TooManyRecords(Exception):
     """Raised from validation (not a ValueError, so pydantic lets it through) → 413."""
 
 
-def _check_ts(ts: float) -> float:
-    if not math.isfinite(ts):
-        raise ValueError("must be a finite number")
-    now = time.time()
-    if ts > now + FUTURE_LIMIT_S:
-        raise ValueError("more than 5 minutes in the future")
-    if ts < now - PAST_LIMIT_S:
-        raise ValueError("more than 7 days in the past")
-    return ts
+class BatchRejected(Exception):
+    """Raised from validation with the contract's error items (loc, msg) → 400."""
+
+    def __init__(self, errors: list[dict[str, str]]) -> None:
+        super().__init__(f"{len(errors)} invalid fields")
+        self.errors = errors
 
 
-def _check_finite(value: float | None) -> float | None:
-    if value is not None and not math.isfinite(value):
-        raise ValueError("must be a finite number")
-    return value
+# Checked in Rust by pydantic: no Python call per field (a 1,000-sample batch validates in
+# about 1 ms this way; Python validators per record tripled that).
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Ts = Annotated[float, Field(allow_inf_nan=False, description="Unix seconds, UTC")]
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
-Ts = Annotated[float, Field(description="Unix seconds, UTC")]
-Seconds = Annotated[float, Field(ge=0)]
-
-
-class Record(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class Sample(BaseModel):
     ts: Ts
-
-    @field_validator("ts")
-    @classmethod
-    def ts_in_window(cls, ts: float) -> float:
-        return _check_ts(ts)
-
-
-class Sample(Record):
-    model_config = ConfigDict(extra="forbid")
-
     metric: Annotated[str, StringConstraints(max_length=128, pattern=METRIC_PATTERN)]
     gpu: Annotated[int, Field(ge=0, le=32767)] | None = None
-    value: float
-
-    @field_validator("value")
-    @classmethod
-    def value_finite(cls, value: float) -> float:
-        return _check_finite(value)
+    value: Finite
 
 
 class Canary(BaseModel):
-    norm: float
-    proj: list[float] = Field(default_factory=list, max_length=64)
-
-    @field_validator("norm")
-    @classmethod
-    def norm_finite(cls, value: float) -> float:
-        return _check_finite(value)
+    norm: Finite
+    proj: list[Finite] = Field(default_factory=list, max_length=64)
 
 
 Checksum = Annotated[str, StringConstraints(max_length=64, pattern=r"^[0-9a-fA-F]+$")]
 
 
-class Step(Record):
+class Step(BaseModel):
+    ts: Ts
     rank: Annotated[int, Field(ge=0)]
     step: Annotated[int, Field(ge=0)]
     step_time: Seconds
@@ -97,19 +69,15 @@ class Step(Record):
     compute_time: Seconds | None = None
     comm_wait: Seconds | None = None
     tokens: Annotated[int, Field(ge=0)] | None = None
-    loss: float | None = None
+    loss: Finite | None = None
     grad_checksum: Checksum | None = None
     param_checksum: Checksum | None = None
     canary: Canary | None = None
     shard: Annotated[str, StringConstraints(max_length=128)] | None = None
 
-    @field_validator("step_time", "data_time", "h2d_time", "compute_time", "comm_wait", "loss")
-    @classmethod
-    def times_finite(cls, value: float | None) -> float | None:
-        return _check_finite(value)
 
-
-class Event(Record):
+class Event(BaseModel):
+    ts: Ts
     kind: Literal["checkpoint", "restart", "oom", "xid", "ecc", "error", "log"]
     step: Annotated[int, Field(ge=0)] | None = None
     tier: Literal["local", "durable"] | None = None
@@ -164,12 +132,34 @@ class IngestBatch(BaseModel):
     def record_limit(cls, data: Any) -> Any:
         if isinstance(data, dict):
             count = sum(
-                len(data[key]) for key in ("samples", "steps", "events")
+                len(data[key])
+                for key in ("samples", "steps", "events")
                 if isinstance(data.get(key), list)
             )
             if count > settings.INGEST_MAX_RECORDS:
                 raise TooManyRecords(f"{count} records, at most {settings.INGEST_MAX_RECORDS}")
         return data
+
+    @model_validator(mode="after")
+    def ts_in_window(self) -> IngestBatch:
+        """Every `ts` within [now − 7 days, now + 5 minutes]; one pass over the records."""
+        now = time.time()
+        low, high = now - PAST_LIMIT_S, now + FUTURE_LIMIT_S
+        errors = []
+        for name in ("samples", "steps", "events"):
+            for index, record in enumerate(getattr(self, name)):
+                if not low <= record.ts <= high:
+                    errors.append(
+                        {
+                            "loc": f"{name}[{index}].ts",
+                            "msg": "more than 5 minutes in the future"
+                            if record.ts > high
+                            else "more than 7 days in the past",
+                        }
+                    )
+        if errors:
+            raise BatchRejected(errors)
+        return self
 
     @field_validator("run")
     @classmethod

@@ -15,26 +15,30 @@ from django.db import connection, transaction
 
 from apps.clusters.models import AgentToken
 from apps.clusters.services import nodes_touch
+from apps.ingest.models import decode_payload
+from apps.live.services import live_mark_dirty
 from apps.runs.services import RunSeen, events_store, runs_touch, steps_store
 from apps.telemetry.services import health_update, samples_store
-from apps.live.services import live_mark_dirty
 
 logger = logging.getLogger(__name__)
 
 BROKER_BACKOFF_S = 5.0
 
 
-def batch_accept(*, token: AgentToken, batch_id: str, payload: bytes) -> int | None:
+def batch_accept(
+    *, token: AgentToken, batch_id: str, payload: bytes, encoding: str = "identity"
+) -> int | None:
     """Commit the batch to the inbox and enqueue it; None when the batch_id was seen before.
 
     Runs in autocommit: when this returns an id, the row is committed, so the batch survives
     a Redis outage or a killed worker (the sweep re-enqueues it)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO ingest_inboxbatch (token_id, batch_id, received_at, payload)"
-            " VALUES (%s, %s, now(), %s)"
+            "INSERT INTO ingest_inboxbatch"
+            " (token_id, batch_id, received_at, payload, payload_encoding)"
+            " VALUES (%s, %s, now(), %s, %s)"
             " ON CONFLICT (token_id, batch_id) DO NOTHING RETURNING id",
-            [token.pk, batch_id, payload],
+            [token.pk, batch_id, payload, encoding],
         )
         row = cursor.fetchone()
     if row is None:
@@ -96,7 +100,11 @@ def inbox_drain(*, first_id: int | None, limit: int) -> DrainResult:
             return DrainResult()
         stored = batches_store(
             batches=[
-                ClaimedBatch(cluster_id=row[1], received_at=row[2], body=json.loads(bytes(row[3])))
+                ClaimedBatch(
+                    cluster_id=row[1],
+                    received_at=row[2],
+                    body=json.loads(decode_payload(bytes(row[3]), row[4])),
+                )
                 for row in rows
             ]
         )
@@ -155,7 +163,7 @@ def batches_store(*, batches: list[ClaimedBatch]) -> DrainResult:
 
 
 _CLAIM_SQL = """
-SELECT b.id, t.cluster_id, b.received_at, b.payload
+SELECT b.id, t.cluster_id, b.received_at, b.payload, b.payload_encoding
 FROM ingest_inboxbatch b JOIN clusters_agenttoken t ON t.id = b.token_id
 WHERE b.processed_at IS NULL {condition}
 ORDER BY b.id LIMIT %s

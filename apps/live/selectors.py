@@ -8,8 +8,9 @@ def cluster_get(*, name: str) -> Cluster | None:
     return Cluster.objects.filter(name=name).first()
 
 
-def node_health_list(*, cluster_id: int | None = None,
-                     node_ids: list[int] | None = None) -> list[dict[str, Any]]:
+def node_health_list(
+    *, cluster_id: int | None = None, node_ids: list[int] | None = None
+) -> list[dict[str, Any]]:
     """Latest health of nodes (all of a cluster, or the given ids), as plain JSON.
 
     Two queries whatever the number of nodes."""

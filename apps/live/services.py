@@ -21,7 +21,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError
 
-from apps.live.groups import dirty_nodes_key, cluster_group, cluster_seq_key
+from apps.live.groups import cluster_group, cluster_seq_key, dirty_nodes_key
 from apps.live.selectors import node_health_list
 
 logger = logging.getLogger(__name__)
@@ -44,8 +44,9 @@ def live_mark_dirty(*, nodes: set[tuple[int, int]]) -> None:
         logger.warning("live feed unavailable; %d nodes not announced", len(members))
 
 
-async def live_publish_forever(*, interval: float, node_interval: float,
-                               stop: asyncio.Event | None = None) -> None:
+async def live_publish_forever(
+    *, interval: float, node_interval: float, stop: asyncio.Event | None = None
+) -> None:
     """Send coalesced deltas until `stop` is set: pop dirty nodes every `interval` seconds,
     hold back a node sent less than `node_interval` seconds ago."""
     layer = get_channel_layer()

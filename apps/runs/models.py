@@ -52,6 +52,9 @@ class StepReport(models.Model):
             BrinIndex(fields=["ts"], name="stepreport_ts_brin"),
         ]
 
+    def __str__(self) -> str:
+        return f"run {self.run_id} rank {self.rank} step {self.step}"
+
 
 class RunEvent(models.Model):
     """An agent event (checkpoint, restart, oom, xid, ecc, error, log); `run` may be absent."""
@@ -71,3 +74,6 @@ class RunEvent(models.Model):
             models.Index(fields=["run", "kind", "ts"], name="runevent_run_kind_ts"),
             models.Index(fields=["node", "ts"], name="runevent_node_ts"),
         ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.ts:%Y-%m-%d %H:%M:%S}"

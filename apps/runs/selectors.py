@@ -41,9 +41,12 @@ def run_summary(*, run: Run, now: float | None = None) -> dict[str, Any]:
 
 def _last_checkpoint(run: Run, tier: str) -> dict[str, Any] | None:
     event = (
-        RunEvent.objects.filter(run=run, kind="checkpoint", data__tier=tier,
-                                data__state="completed")
-        .order_by("-ts").only("step", "ts").first()
+        RunEvent.objects.filter(
+            run=run, kind="checkpoint", data__tier=tier, data__state="completed"
+        )
+        .order_by("-ts")
+        .only("step", "ts")
+        .first()
     )
     return {"step": event.step, "at": event.ts.timestamp()} if event else None
 
@@ -53,8 +56,9 @@ def _tokens_per_s(run: Run) -> float | None:
         return None
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT sum(tokens), extract(epoch FROM max(ts) - min(ts))::float8, count(DISTINCT step)"
-            " FROM runs_stepreport WHERE run_id = %s AND ts > %s - make_interval(secs => %s)",
+            "SELECT sum(tokens), extract(epoch FROM max(ts) - min(ts))::float8,"
+            " count(DISTINCT step) FROM runs_stepreport"
+            " WHERE run_id = %s AND ts > %s - make_interval(secs => %s)",
             [run.id, run.last_step_at, THROUGHPUT_WINDOW_S],
         )
         tokens, span, steps = cursor.fetchone()
@@ -74,4 +78,3 @@ def _nodes(run: Run) -> list[str]:
             [run.id, run.last_step_at],
         )
         return [row[0] for row in cursor.fetchall()]
-

@@ -45,37 +45,86 @@ def runs_touch(*, seen: dict[tuple[int, str], RunSeen]) -> dict[tuple[int, str],
                 "  last_step_at = GREATEST(runs_run.last_step_at, EXCLUDED.last_step_at),"
                 "  world_size = GREATEST(runs_run.world_size, EXCLUDED.world_size)"
                 " RETURNING id",
-                [cluster_id, name, run.first_step, run.last_step, run.last_step_at,
-                 run.world_size],
+                [cluster_id, name, run.first_step, run.last_step, run.last_step_at, run.world_size],
             )
             ids[cluster_id, name] = cursor.fetchone()[0]
     return ids
 
 
-STEP_FIELDS = ["run_id", "node_id", "ts", "rank", "step", "step_time", "data_time", "h2d_time",
-               "compute_time", "comm_wait", "tokens", "loss", "grad_checksum", "param_checksum",
-               "canary_norm", "canary_proj", "shard"]
-STEP_TYPES = ["int8", "int8", "timestamptz", "int4", "int8", "float8", "float8", "float8",
-              "float8", "float8", "int8", "float8", "text", "text", "float8", "float8[]", "text"]
+STEP_FIELDS = [
+    "run_id",
+    "node_id",
+    "ts",
+    "rank",
+    "step",
+    "step_time",
+    "data_time",
+    "h2d_time",
+    "compute_time",
+    "comm_wait",
+    "tokens",
+    "loss",
+    "grad_checksum",
+    "param_checksum",
+    "canary_norm",
+    "canary_proj",
+    "shard",
+]
+STEP_TYPES = [
+    "int8",
+    "int8",
+    "timestamptz",
+    "int4",
+    "int8",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "float8",
+    "int8",
+    "float8",
+    "text",
+    "text",
+    "float8",
+    "float8[]",
+    "text",
+]
 
 
 def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> int:
     """COPY step reports given as (run id, node id, step record); returns the count."""
     if not steps:
         return 0
-    with connection.connection.cursor() as cursor, cursor.copy(
-        f"COPY runs_stepreport ({', '.join(STEP_FIELDS)}) FROM STDIN (FORMAT BINARY)"
-    ) as copy:
+    with (
+        connection.connection.cursor() as cursor,
+        cursor.copy(
+            f"COPY runs_stepreport ({', '.join(STEP_FIELDS)}) FROM STDIN (FORMAT BINARY)"
+        ) as copy,
+    ):
         copy.set_types(STEP_TYPES)
         for run_id, node_id, step in steps:
             canary = step.get("canary") or {}
-            copy.write_row((
-                run_id, node_id, to_datetime(step["ts"]), step["rank"], step["step"],
-                step["step_time"], step.get("data_time"), step.get("h2d_time"),
-                step.get("compute_time"), step.get("comm_wait"), step.get("tokens"),
-                step.get("loss"), step.get("grad_checksum"), step.get("param_checksum"),
-                canary.get("norm"), canary.get("proj") if canary else None, step.get("shard"),
-            ))
+            copy.write_row(
+                (
+                    run_id,
+                    node_id,
+                    to_datetime(step["ts"]),
+                    step["rank"],
+                    step["step"],
+                    step["step_time"],
+                    step.get("data_time"),
+                    step.get("h2d_time"),
+                    step.get("compute_time"),
+                    step.get("comm_wait"),
+                    step.get("tokens"),
+                    step.get("loss"),
+                    step.get("grad_checksum"),
+                    step.get("param_checksum"),
+                    canary.get("norm"),
+                    canary.get("proj") if canary else None,
+                    step.get("shard"),
+                )
+            )
     return len(steps)
 
 
@@ -89,8 +138,19 @@ def events_store(*, events: list[tuple[int, int, int | None, dict[str, Any]]]) -
     rows = []
     for cluster_id, node_id, run_id, event in events:
         data = {key: value for key, value in event.items() if key not in EVENT_COLUMNS}
-        rows.append((cluster_id, node_id, run_id, to_datetime(event["ts"]), event["kind"],
-                     event.get("step"), event.get("rank"), event.get("gpu"), Jsonb(data)))
+        rows.append(
+            (
+                cluster_id,
+                node_id,
+                run_id,
+                to_datetime(event["ts"]),
+                event["kind"],
+                event.get("step"),
+                event.get("rank"),
+                event.get("gpu"),
+                Jsonb(data),
+            )
+        )
     with connection.connection.cursor() as cursor:
         cursor.executemany(
             "INSERT INTO runs_runevent (cluster_id, node_id, run_id, ts, kind, step, rank, gpu,"

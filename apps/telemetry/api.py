@@ -49,15 +49,33 @@ def series(request: HttpRequest, query: Query[SeriesQuery]):
     if query.step and (end - start) / query.step > 100_000:
         raise FieldError(400, "step", "too small for the range: over 100,000 buckets")
     nodes = list(
-        Node.objects.filter(name=query.node, **request_cluster_filter(request, query.cluster))
-        .values_list("id", flat=True)[:2]
+        Node.objects.filter(
+            name=query.node, **request_cluster_filter(request, query.cluster)
+        ).values_list("id", flat=True)[:2]
     )
     if len(nodes) != 1:
-        raise FieldError(404 if not nodes else 400, "node",
-                         "no such node" if not nodes else "in several clusters: name the cluster")
+        raise FieldError(
+            404 if not nodes else 400,
+            "node",
+            "no such node" if not nodes else "in several clusters: name the cluster",
+        )
     metric_id = metric_id_get(name=query.metric)
-    points = [] if metric_id is None else series_read(
-        node_id=nodes[0], metric_id=metric_id, gpu=query.gpu, start=start, end=end, step=query.step
+    points = (
+        []
+        if metric_id is None
+        else series_read(
+            node_id=nodes[0],
+            metric_id=metric_id,
+            gpu=query.gpu,
+            start=start,
+            end=end,
+            step=query.step,
+        )
     )
-    return {"node": query.node, "metric": query.metric, "gpu": query.gpu, "step": query.step,
-            "points": points}
+    return {
+        "node": query.node,
+        "metric": query.metric,
+        "gpu": query.gpu,
+        "step": query.step,
+        "points": points,
+    }

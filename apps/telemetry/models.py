@@ -33,3 +33,6 @@ class NodeHealth(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["node", "gpu"], name="nodehealth_unique_node_gpu")
         ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}/gpu {self.gpu}"

@@ -23,13 +23,18 @@ WITH c AS (
 )
 """
 
-_RAW_SQL = _CHUNKS + """
+_RAW_SQL = (
+    _CHUNKS
+    + """
 SELECT ts, v FROM p WHERE ts >= %(start)s AND ts < %(end)s ORDER BY ts LIMIT %(limit)s
 """
+)
 
 # Chunks that lie inside one bucket contribute their stored min/max/sum/count unopened.
 _WHOLE = "floor(e0 / %(step)s) = floor(e1 / %(step)s) AND e0 >= %(start)s AND e1 < %(end)s"
-_BUCKETS_SQL = _CHUNKS + f"""
+_BUCKETS_SQL = (
+    _CHUNKS
+    + f"""
 , parts AS (
     SELECT floor(e0 / %(step)s) * %(step)s AS b, n, vmin, vmax, vsum FROM c WHERE {_WHOLE}
     UNION ALL
@@ -39,17 +44,24 @@ _BUCKETS_SQL = _CHUNKS + f"""
 SELECT b, sum(vsum) / sum(n), min(vmin), max(vmax), sum(n)::int FROM parts
 GROUP BY b ORDER BY b LIMIT %(limit)s
 """
+)
 
 MAX_POINTS = 100_000
 
 
-def series_read(*, node_id: int, metric_id: int, gpu: int | None, start: float, end: float,
-                step: float = 0) -> list[list[float]]:
+def series_read(
+    *, node_id: int, metric_id: int, gpu: int | None, start: float, end: float, step: float = 0
+) -> list[list[float]]:
     """Points of one series in [start, end): `[[ts, value], …]` when step is 0, else
     `[[bucket start, avg, min, max, count], …]` per `step` seconds."""
     params = {
-        "node": node_id, "metric": metric_id, "gpu": HOST_GPU if gpu is None else gpu,
-        "start": start, "end": end, "step": step, "limit": MAX_POINTS,
+        "node": node_id,
+        "metric": metric_id,
+        "gpu": HOST_GPU if gpu is None else gpu,
+        "start": start,
+        "end": end,
+        "step": step,
+        "limit": MAX_POINTS,
     }
     with connection.cursor() as cursor:
         cursor.execute(_BUCKETS_SQL if step else _RAW_SQL, params)

@@ -11,6 +11,7 @@ series reads, and a BRIN on t0 for time-range scans and compaction.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -23,8 +24,19 @@ from apps.telemetry.models import HOST_GPU
 
 CHUNK_COLUMNS = "(node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, offsets_ms, vals)"
 COMPACT_LOCK_KEY = 0x0B5C0
-CHUNK_TYPES = ["int4", "int4", "int2", "timestamptz", "timestamptz", "int4", "float8",
-               "float8", "float8", "int4[]", "float8[]"]
+CHUNK_TYPES = [
+    "int4",
+    "int4",
+    "int2",
+    "timestamptz",
+    "timestamptz",
+    "int4",
+    "float8",
+    "float8",
+    "float8",
+    "int4[]",
+    "float8[]",
+]
 
 
 def to_datetime(ts: float) -> datetime:
@@ -32,25 +44,26 @@ def to_datetime(ts: float) -> datetime:
 
 
 def metric_ids(*, names: Iterable[str]) -> dict[str, int]:
-    """Ids of these metric names, creating the missing ones."""
+    """Ids of these metric names, creating the missing ones (one round trip)."""
     wanted = sorted(set(names))  # sorted: concurrent workers insert in the same order
     if not wanted:
         return {}
     with connection.cursor() as cursor:
+        # The final SELECT does not see the CTE's inserts (one snapshot), hence the UNION.
         cursor.execute(
-            "INSERT INTO telemetry_metric (name) SELECT unnest(%s::text[])"
-            " ON CONFLICT (name) DO NOTHING",
+            "WITH wanted AS (SELECT unnest(%s::text[]) AS name),"
+            " created AS (INSERT INTO telemetry_metric (name) SELECT name FROM wanted"
+            "   ON CONFLICT (name) DO NOTHING RETURNING name, id)"
+            " SELECT name, id FROM created"
+            " UNION ALL SELECT m.name, m.id FROM telemetry_metric m JOIN wanted USING (name)",
             [wanted],
         )
-        cursor.execute("SELECT name, id FROM telemetry_metric WHERE name = ANY(%s)", [wanted])
         return dict(cursor.fetchall())
 
 
 def samples_store(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> int:
     """COPY the samples as one chunk row per series per call; returns the sample count."""
-    ids = metric_ids(
-        names=(s["metric"] for samples in samples_by_node.values() for s in samples)
-    )
+    ids = metric_ids(names=(s["metric"] for samples in samples_by_node.values() for s in samples))
     series: dict[tuple[int, int, int], list[tuple[float, float]]] = defaultdict(list)
     for node_id, samples in samples_by_node.items():
         for sample in samples:
@@ -60,19 +73,30 @@ def samples_store(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> int:
     if not series:
         return 0
     count = 0
-    with connection.connection.cursor() as cursor, cursor.copy(
-        f"COPY telemetry_chunk {CHUNK_COLUMNS} FROM STDIN (FORMAT BINARY)"
-    ) as copy:
+    with (
+        connection.connection.cursor() as cursor,
+        cursor.copy(f"COPY telemetry_chunk {CHUNK_COLUMNS} FROM STDIN (FORMAT BINARY)") as copy,
+    ):
         copy.set_types(CHUNK_TYPES)
         for (node_id, metric_id, gpu), points in series.items():
             points.sort()
             t0 = points[0][0]
             vals = [float(value) for _, value in points]
-            copy.write_row((
-                node_id, metric_id, gpu, to_datetime(t0), to_datetime(points[-1][0]),
-                len(points), min(vals), max(vals), sum(vals),
-                [round((ts - t0) * 1000) for ts, _ in points], vals,
-            ))
+            copy.write_row(
+                (
+                    node_id,
+                    metric_id,
+                    gpu,
+                    to_datetime(t0),
+                    to_datetime(points[-1][0]),
+                    len(points),
+                    min(vals),
+                    max(vals),
+                    sum(vals),
+                    [round((ts - t0) * 1000) for ts, _ in points],
+                    vals,
+                )
+            )
             count += len(points)
     return count
 
@@ -92,21 +116,21 @@ def health_update(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> None:
                 entry["ts"] = max(entry["ts"], sample["ts"])
     if not latest:
         return
-    from psycopg.types.json import Jsonb
-
     rows = [
-        (node_id, gpu, to_datetime(entry["ts"]), Jsonb(entry["values"]))
+        {"node_id": node_id, "gpu": gpu, "ts": entry["ts"], "values": entry["values"]}
         for (node_id, gpu), entry in sorted(latest.items())  # sorted: no deadlocks
     ]
-    with connection.connection.cursor() as cursor:
-        cursor.executemany(
-            "INSERT INTO telemetry_nodehealth (node_id, gpu, ts, values) VALUES (%s, %s, %s, %s)"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO telemetry_nodehealth (node_id, gpu, ts, values)"
+            " SELECT node_id, gpu, to_timestamp(ts), values"
+            " FROM jsonb_to_recordset(%s::jsonb) AS r(node_id int, gpu int, ts float8, values jsonb)"
             " ON CONFLICT (node_id, gpu) DO UPDATE SET"
             "  values = CASE WHEN EXCLUDED.ts >= telemetry_nodehealth.ts"
             "    THEN telemetry_nodehealth.values || EXCLUDED.values"
             "    ELSE EXCLUDED.values || telemetry_nodehealth.values END,"
             "  ts = GREATEST(telemetry_nodehealth.ts, EXCLUDED.ts)",
-            rows,
+            [json.dumps(rows)],
         )
 
 
@@ -157,8 +181,6 @@ def chunks_compact(*, now: datetime, lookback_windows: int = 6) -> int:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [COMPACT_LOCK_KEY])
             if not cursor.fetchone()[0]:
                 return written
-            cursor.execute(
-                _COMPACT_SQL, {"start": start, "end": end, "width": f"{width} seconds"}
-            )
+            cursor.execute(_COMPACT_SQL, {"start": start, "end": end, "width": f"{width} seconds"})
             written += cursor.rowcount
     return written

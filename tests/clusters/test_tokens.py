@@ -21,8 +21,10 @@ def test_it_stores_no_plaintext_secret_anywhere_in_the_database():
             " WHERE table_schema = 'public' AND data_type IN ('text', 'character varying', 'jsonb')"
         )
         for table, column in cursor.fetchall():
-            cursor.execute(f'SELECT count(*) FROM "{table}" WHERE "{column}"::text LIKE %s',
-                           [f"%{secret[6:]}%"])
+            cursor.execute(
+                f'SELECT count(*) FROM "{table}" WHERE "{column}"::text LIKE %s',
+                [f"%{secret[6:]}%"],
+            )
             assert cursor.fetchone()[0] == 0, f"secret found in {table}.{column}"
 
 
@@ -36,7 +38,10 @@ def test_it_authenticates_by_secret_and_not_after_revocation():
 def test_issue_token_creates_the_cluster_and_prints_a_working_token(transactional_db):
     done = subprocess.run(
         [sys.executable, "manage.py", "issue_token", "new-cluster", "--name", "gpu-agents"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
         env={**__import__("os").environ, "DATABASE_URL": _url()},
     )
     secret = done.stdout.strip()

@@ -26,28 +26,52 @@ def all_processed(token) -> bool:
 
 def test_it_stores_a_posted_batch_exactly_as_sent(agent, agent_token):
     now = time.time()
-    batch = make_batch(node="node-07", samples=0, steps=2, run="llama", ts=now,
-                       node_info={"gpus": 8, "gpu_model": "H100"})
+    batch = make_batch(
+        node="node-07",
+        samples=0,
+        steps=2,
+        run="llama",
+        ts=now,
+        node_info={"gpus": 8, "gpu_model": "H100"},
+    )
     batch["samples"] = [
         {"ts": now - 1, "metric": "gpu.util", "gpu": 0, "value": 97.5},
         {"ts": now, "metric": "gpu.util", "gpu": 0, "value": 88.0},
         {"ts": now, "metric": "host.cpu_util", "value": 12.5},
     ]
-    batch["steps"][0].update(grad_checksum="9f2c", param_checksum="41aa", shard="tp0",
-                             canary={"norm": 3.04, "proj": [0.125, -0.872]}, loss=2.31)
-    batch["events"] = [{"ts": now, "kind": "checkpoint", "step": 100, "tier": "durable",
-                        "state": "completed", "path": "/ckpt/100", "bytes": 1400}]
+    batch["steps"][0].update(
+        grad_checksum="9f2c",
+        param_checksum="41aa",
+        shard="tp0",
+        canary={"norm": 3.04, "proj": [0.125, -0.872]},
+        loss=2.31,
+    )
+    batch["events"] = [
+        {
+            "ts": now,
+            "kind": "checkpoint",
+            "step": 100,
+            "tier": "durable",
+            "state": "completed",
+            "path": "/ckpt/100",
+            "bytes": 1400,
+        }
+    ]
     assert agent.post(batch).status_code == 202
     wait_until(lambda: all_processed(agent_token[0]), 30, "the worker to store the batch")
 
     node = Node.objects.get(name="node-07", cluster=agent_token[0].cluster)
     assert node.info == {"gpus": 8, "gpu_model": "H100"} and node.last_seen is not None
-    series = agent.get("/api/v1/series", node="node-07", metric="gpu.util", gpu=0,
-                       start=now - 10, end=now + 1).json()
-    assert series["points"] == [[pytest.approx(now - 1, abs=1e-3), 97.5],
-                                [pytest.approx(now, abs=1e-3), 88.0]]
-    host = agent.get("/api/v1/series", node="node-07", metric="host.cpu_util",
-                     start=now - 10, end=now + 1).json()
+    series = agent.get(
+        "/api/v1/series", node="node-07", metric="gpu.util", gpu=0, start=now - 10, end=now + 1
+    ).json()
+    assert series["points"] == [
+        [pytest.approx(now - 1, abs=1e-3), 97.5],
+        [pytest.approx(now, abs=1e-3), 88.0],
+    ]
+    host = agent.get(
+        "/api/v1/series", node="node-07", metric="host.cpu_util", start=now - 10, end=now + 1
+    ).json()
     assert [point[1] for point in host["points"]] == [12.5]
 
     rank0 = StepReport.objects.get(node=node, rank=0)
@@ -56,7 +80,11 @@ def test_it_stores_a_posted_batch_exactly_as_sent(agent, agent_token):
     assert StepReport.objects.filter(node=node).count() == 2
     event = RunEvent.objects.get(node=node)
     assert (event.kind, event.step, event.data["tier"], event.data["bytes"]) == (
-        "checkpoint", 100, "durable", 1400)
+        "checkpoint",
+        100,
+        "durable",
+        1400,
+    )
     health = {row.gpu: row.values for row in NodeHealth.objects.filter(node=node)}
     assert health == {0: {"gpu.util": 88.0}, -1: {"host.cpu_util": 12.5}}
 
@@ -96,16 +124,20 @@ def test_a_token_of_another_cluster_cannot_write_a_node_of_this_one(agent, agent
     assert agent.post(make_batch(node="shared-name", samples=3)).status_code == 202
     _, other_secret = token_issue(cluster_name="other-cluster")
     intruder = AgentClient(live_stack.url, other_secret)
-    assert intruder.post(make_batch(node="shared-name", samples=5,
-                                    node_info={"gpus": 99})).status_code == 202
-    wait_until(lambda: not InboxBatch.objects.filter(processed_at__isnull=True).exists(), 30,
-               "the worker")
+    assert (
+        intruder.post(make_batch(node="shared-name", samples=5, node_info={"gpus": 99})).status_code
+        == 202
+    )
+    wait_until(
+        lambda: not InboxBatch.objects.filter(processed_at__isnull=True).exists(), 30, "the worker"
+    )
     ours = Node.objects.get(cluster=agent_token[0].cluster, name="shared-name")
     assert ours.info == {}  # untouched by the other cluster's batch
     theirs = Node.objects.get(cluster__name="other-cluster", name="shared-name")
     assert theirs.pk != ours.pk and theirs.info == {"gpus": 99}
-    count = agent.get("/api/v1/series", node="shared-name", metric="gpu.util",
-                      gpu=0).json()["points"]
+    count = agent.get("/api/v1/series", node="shared-name", metric="gpu.util", gpu=0).json()[
+        "points"
+    ]
     assert len(count) == 1  # samples 0 of our 3-sample batch on gpu 0; not theirs
 
 
@@ -120,9 +152,13 @@ def test_a_posted_batch_reaches_a_websocket_client_as_a_numbered_delta(agent, ag
 
     async def scenario():
         communicator = WebsocketCommunicator(
-            application, f"/ws/clusters/{cluster}/",
-            headers=[(b"cookie", cookie), (b"origin", b"http://127.0.0.1"),
-                     (b"host", b"127.0.0.1")],
+            application,
+            f"/ws/clusters/{cluster}/",
+            headers=[
+                (b"cookie", cookie),
+                (b"origin", b"http://127.0.0.1"),
+                (b"host", b"127.0.0.1"),
+            ],
         )
         connected, _ = await communicator.connect(timeout=10)
         assert connected

@@ -30,8 +30,13 @@ def unprocessed(token) -> int:
 def post_batches(agent: AgentClient, count: int, prefix: str) -> list[str]:
     ids = []
     for index in range(count):
-        batch = make_batch(batch_id=f"{prefix}-{index}", node=f"node-{index % 4}",
-                           samples=SAMPLES, steps=STEPS, run="r")
+        batch = make_batch(
+            batch_id=f"{prefix}-{index}",
+            node=f"node-{index % 4}",
+            samples=SAMPLES,
+            steps=STEPS,
+            run="r",
+        )
         response = agent.post(batch, gzip_body=True)
         assert response.status_code == 202, response.text
         ids.append(batch["batch_id"])
@@ -45,8 +50,9 @@ def assert_stored_exactly(token, batches: int) -> None:
     assert StepReport.objects.count() == batches * STEPS
 
 
-def test_a_worker_killed_mid_backlog_loses_and_duplicates_nothing(live_stack, agent,
-                                                                 agent_token, live_db):
+def test_a_worker_killed_mid_backlog_loses_and_duplicates_nothing(
+    live_stack, agent, agent_token, live_db
+):
     token = agent_token[0]
     live_stack.worker.stop()
     try:
@@ -55,8 +61,12 @@ def test_a_worker_killed_mid_backlog_loses_and_duplicates_nothing(live_stack, ag
         for _ in range(2):  # two kills, each in the middle of the backlog
             before = unprocessed(token)
             live_stack.worker.start()
-            wait_until(lambda before=before: 0 < unprocessed(token) < before - 10, 60,
-                       "the worker to be half-way through the backlog", interval=0.02)
+            wait_until(
+                lambda before=before: 0 < unprocessed(token) < before - 10,
+                60,
+                "the worker to be half-way through the backlog",
+                interval=0.02,
+            )
             live_stack.worker.kill(signal.SIGKILL)
         assert unprocessed(token) > 0
     finally:
@@ -71,9 +81,22 @@ def private_redis(tmp_path):
     port = free_port()
 
     def start():
-        return subprocess.Popen([redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port),
-                                 "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                                stdout=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [
+                redis_server_binary(),
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(tmp_path),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
 
     server = {"process": start(), "port": port, "start": start}
     wait_until(lambda: _redis_up(port), 10, "the private Redis")
@@ -91,12 +114,18 @@ def _redis_up(port: int) -> bool:
 
 
 def test_ingest_answers_202_with_the_broker_down_and_stores_all_when_it_returns(
-        live_stack, private_redis, live_db):
+    live_stack, private_redis, live_db
+):
     token, secret = token_issue(cluster_name=f"c-{uuid.uuid4().hex[:6]}")
     live_stack.worker.stop()  # only the private stack's worker may drain this test's inbox
-    stack = Stack(stack_env(REDIS_URL=f"redis://127.0.0.1:{private_redis['port']}/0",
-                            OPSBOARD_REDIS_PREFIX="opsboard-test-broker"),
-                  name="broker", publisher=False).start()
+    stack = Stack(
+        stack_env(
+            REDIS_URL=f"redis://127.0.0.1:{private_redis['port']}/0",
+            OPSBOARD_REDIS_PREFIX="opsboard-test-broker",
+        ),
+        name="broker",
+        publisher=False,
+    ).start()
     try:
         agent = AgentClient(stack.url, secret)
         post_batches(agent, 5, "before")
@@ -107,7 +136,8 @@ def test_ingest_answers_202_with_the_broker_down_and_stores_all_when_it_returns(
         started = time.monotonic()
         post_batches(agent, 20, "during")
         assert time.monotonic() - started < 20, "ingest must not hang on a dead broker"
-        assert unprocessed(token) == 20  # durable in the inbox, nothing processed
+        # durable in the inbox (a task taken before the outage may already drain some)
+        assert InboxBatch.objects.filter(token=token, batch_id__startswith="during").count() == 20
 
         private_redis["process"] = private_redis["start"]()  # an empty Redis: queue lost
         wait_until(lambda: unprocessed(token) == 0, 90, "the sweep to re-enqueue the inbox")
@@ -127,13 +157,25 @@ def test_ingest_answers_503_with_retry_after_when_postgres_is_down(tmp_path, liv
     url = pg.get_uri().replace("postgresql://postgres:@/postgres?host=", "")
     database = f"postgres://postgres@{url.replace('/', '%2F')}/postgres"
     env = {"DATABASE_URL": database, **env_base}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, check=True,
-                   env={**stack_env(), **env})
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"],
+        cwd=ROOT,
+        check=True,
+        env={**stack_env(), **env},
+    )
     secret = subprocess.run(
-        [sys.executable, "manage.py", "issue_token", "down"], cwd=ROOT, check=True,
-        capture_output=True, text=True, env={**stack_env(), **env}).stdout.strip()
-    stack = Stack(stack_env(**env, OPSBOARD_REDIS_PREFIX="opsboard-test-pgdown"),
-                  name="pgdown", publisher=False)
+        [sys.executable, "manage.py", "issue_token", "down"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**stack_env(), **env},
+    ).stdout.strip()
+    stack = Stack(
+        stack_env(**env, OPSBOARD_REDIS_PREFIX="opsboard-test-pgdown"),
+        name="pgdown",
+        publisher=False,
+    )
     stack.worker.start = lambda: stack.worker  # the web server alone is under test
     stack.start()
     try:
@@ -146,8 +188,11 @@ def test_ingest_answers_503_with_retry_after_when_postgres_is_down(tmp_path, liv
             assert response.status_code == 503
             assert int(response.headers["Retry-After"]) > 0
             assert response.json()["errors"][0]["msg"] == "database unavailable, retry later"
-        reading = httpx.get(f"{stack.url}/api/v1/series", params={"node": "n", "metric": "m"},
-                            headers={"Authorization": f"Bearer {secret}"})
+        reading = httpx.get(
+            f"{stack.url}/api/v1/series",
+            params={"node": "n", "metric": "m"},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
         assert reading.status_code == 503
     finally:
         stack.stop()

@@ -45,8 +45,10 @@ def test_it_refuses_an_anonymous_connection(cluster):
 
 
 def test_it_refuses_a_foreign_origin_even_when_logged_in(cluster, session_cookie):
-    connected, _ = connect("/ws/clusters/alpha/", [
-        (b"cookie", session_cookie), (b"origin", b"http://evil.example.com")])
+    connected, _ = connect(
+        "/ws/clusters/alpha/",
+        [(b"cookie", session_cookie), (b"origin", b"http://evil.example.com")],
+    )
     assert connected is False
 
 
@@ -56,13 +58,15 @@ def test_it_refuses_a_missing_origin(cluster, session_cookie):
 
 
 def test_it_refuses_an_unknown_cluster(session_cookie):
-    connected, code = connect("/ws/clusters/nope/", [
-        (b"cookie", session_cookie), (b"origin", b"http://127.0.0.1")])
+    connected, code = connect(
+        "/ws/clusters/nope/", [(b"cookie", session_cookie), (b"origin", b"http://127.0.0.1")]
+    )
     assert (connected, code) == (False, 4404)
 
 
 def test_it_admits_a_logged_in_user_and_sends_a_snapshot(cluster, session_cookie):
-    connected, first = connect("/ws/clusters/alpha/", [
-        (b"cookie", session_cookie), (b"origin", b"http://127.0.0.1")])
+    connected, first = connect(
+        "/ws/clusters/alpha/", [(b"cookie", session_cookie), (b"origin", b"http://127.0.0.1")]
+    )
     assert connected is True
     assert first["type"] == "snapshot" and first["nodes"] == []

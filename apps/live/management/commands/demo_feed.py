@@ -58,11 +58,25 @@ def _batch(rng, options, node, node_index, step, now, sequence) -> dict:
         util = min(100.0, 92 + 6 * math.sin(now / 30 + gpu) + rng.uniform(-2, 2))
         samples += [
             {"ts": now, "metric": "gpu.util", "gpu": gpu, "value": round(util, 1)},
-            {"ts": now, "metric": "gpu.mem_used_bytes", "gpu": gpu,
-             "value": int(GPU_MEM * (0.71 + 0.02 * math.sin(now / 120)))},
+            {
+                "ts": now,
+                "metric": "gpu.mem_used_bytes",
+                "gpu": gpu,
+                "value": int(GPU_MEM * (0.71 + 0.02 * math.sin(now / 120))),
+            },
             {"ts": now, "metric": "gpu.mem_total_bytes", "gpu": gpu, "value": GPU_MEM},
-            {"ts": now, "metric": "gpu.temp_c", "gpu": gpu, "value": round(64 + rng.uniform(-3, 6), 1)},
-            {"ts": now, "metric": "gpu.power_w", "gpu": gpu, "value": round(560 + rng.uniform(-40, 60))},
+            {
+                "ts": now,
+                "metric": "gpu.temp_c",
+                "gpu": gpu,
+                "value": round(64 + rng.uniform(-3, 6), 1),
+            },
+            {
+                "ts": now,
+                "metric": "gpu.power_w",
+                "gpu": gpu,
+                "value": round(560 + rng.uniform(-40, 60)),
+            },
             {"ts": now, "metric": "gpu.power_limit_w", "gpu": gpu, "value": 700},
             {"ts": now, "metric": "gpu.sm_clock_mhz", "gpu": gpu, "value": 1980},
             {"ts": now, "metric": "gpu.throttle_reasons", "gpu": gpu, "value": 0},
@@ -75,26 +89,53 @@ def _batch(rng, options, node, node_index, step, now, sequence) -> dict:
     steps = []
     for local in range(gpus):
         compute = 0.6 + rng.uniform(-0.02, 0.02)
-        steps.append({
-            "ts": now, "rank": node_index * gpus + local, "step": step, "step_time": 0.82,
-            "data_time": 0.04, "h2d_time": 0.01, "compute_time": round(compute, 4),
-            "comm_wait": round(0.17 - (compute - 0.6), 4), "tokens": 65536,
-            "loss": round(3.2 * math.exp(-step / 3000) + 1.6, 4),
-        })
+        steps.append(
+            {
+                "ts": now,
+                "rank": node_index * gpus + local,
+                "step": step,
+                "step_time": 0.82,
+                "data_time": 0.04,
+                "h2d_time": 0.01,
+                "compute_time": round(compute, 4),
+                "comm_wait": round(0.17 - (compute - 0.6), 4),
+                "tokens": 65536,
+                "loss": round(3.2 * math.exp(-step / 3000) + 1.6, 4),
+            }
+        )
     events = []
     if step % 300 == 0:
-        events.append({"ts": now, "kind": "checkpoint", "step": step, "tier": "local",
-                       "state": "completed", "duration": 12.0})
-    return {"batch_id": f"{node}/{int(now)}/{sequence}", "node": node, "run": options["run"],
-            "node_info": {"gpus": gpus, "gpu_model": "NVIDIA H100 80GB HBM3"},
-            "samples": samples, "steps": steps, "events": events}
+        events.append(
+            {
+                "ts": now,
+                "kind": "checkpoint",
+                "step": step,
+                "tier": "local",
+                "state": "completed",
+                "duration": 12.0,
+            }
+        )
+    return {
+        "batch_id": f"{node}/{int(now)}/{sequence}",
+        "node": node,
+        "run": options["run"],
+        "node_info": {"gpus": gpus, "gpu_model": "NVIDIA H100 80GB HBM3"},
+        "samples": samples,
+        "steps": steps,
+        "events": events,
+    }
 
 
 def _post(server: str, secret: str, batch: dict) -> None:
     request = urllib.request.Request(
-        f"{server}/api/v1/ingest", data=gzip.compress(json.dumps(batch).encode()), method="POST",
-        headers={"Authorization": f"Bearer {secret}", "Content-Type": "application/json",
-                 "Content-Encoding": "gzip"},
+        f"{server}/api/v1/ingest",
+        data=gzip.compress(json.dumps(batch).encode()),
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {secret}",
+            "Content-Type": "application/json",
+            "Content-Encoding": "gzip",
+        },
     )
     try:
         urllib.request.urlopen(request, timeout=10).close()

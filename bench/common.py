@@ -1,0 +1,175 @@
+"""What the benchmarks share: a scratch database, the stack's processes, small statistics."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DB = "opsboard_bench"
+LOG_DIR = ROOT / "var" / "bench-logs"
+
+
+def prepare_database() -> tuple[dict[str, str], str]:
+    """A fresh scratch database on DATABASE_URL's server (or the embedded one), migrated.
+
+    Returns (environment for the stack, libpq conninfo of the scratch database)."""
+    import psycopg
+
+    env = dict(os.environ)
+    env.setdefault("OPSBOARD_VAR_DIR", str(ROOT / "var" / "bench"))
+    if not env.get("DATABASE_URL") or not env.get("REDIS_URL"):
+        sys.path.insert(0, str(ROOT))
+        os.environ["OPSBOARD_VAR_DIR"] = env["OPSBOARD_VAR_DIR"]
+        from opsboard import embedded
+
+        env.setdefault("DATABASE_URL", env.get("DATABASE_URL") or embedded.database_url())
+        env["REDIS_URL"] = env.get("REDIS_URL") or embedded.redis_url()
+    parts = urlsplit(env["DATABASE_URL"])
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(_conninfo(admin), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {BENCH_DB}")
+    env["DATABASE_URL"] = urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
+    env["OPSBOARD_REDIS_PREFIX"] = f"opsboard-bench-{os.getpid()}"
+    env.update(DEBUG="true", PYTHONUNBUFFERED="1")
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
+    )
+    return env, _conninfo(env["DATABASE_URL"])
+
+
+def _conninfo(url: str) -> str:
+    """dj-database-url style (socket dir as a %-encoded host) → a libpq URI psycopg takes."""
+    from urllib.parse import unquote
+
+    parts = urlsplit(url)
+    host = unquote(parts.hostname or "")
+    if host.startswith("/"):
+        user = parts.username or "postgres"
+        return f"postgresql://{user}@/{parts.path.lstrip('/')}?host={host}"
+    return urlunsplit(parts._replace(scheme="postgresql"))
+
+
+class BenchStack:
+    """Web server (uvicorn, N workers), Celery worker with beat, live publisher."""
+
+    def __init__(self, env: dict[str, str], web_workers: int, concurrency: int) -> None:
+        from tests.stackproc import free_port
+
+        self.env = env
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        python = sys.executable
+        self.commands = {
+            "web": [
+                python,
+                "-m",
+                "uvicorn",
+                "opsboard.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(web_workers),
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
+            "worker": [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "opsboard",
+                "worker",
+                "-B",
+                "--loglevel",
+                "WARNING",
+                "--concurrency",
+                str(concurrency),
+                "--without-mingle",
+                "--without-gossip",
+                "-Q",
+                env["OPSBOARD_REDIS_PREFIX"],
+                "--schedule",
+                str(LOG_DIR / "beat-schedule"),
+            ],
+            "publisher": [python, "manage.py", "live_publisher"],
+        }
+        self.processes: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        from tests.stackproc import http_ok, wait_until
+
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        for name, command in self.commands.items():
+            with open(LOG_DIR / f"{name}.log", "ab") as log:
+                self.processes.append(
+                    subprocess.Popen(
+                        command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+                    )
+                )
+        wait_until(lambda: http_ok(f"{self.url}/healthz"), 60, "the web server")
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+    def manage(self, *args: str) -> str:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+
+def session_cookie(stack: BenchStack) -> str:
+    """Log a bench operator in through the login form; the session cookie for websockets."""
+    import httpx
+
+    stack.manage("demo_operator", "--username", "bench", "--password", "bench-password-1")
+    with httpx.Client(base_url=stack.url) as client:
+        page = client.get("/accounts/login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+        client.post(
+            "/accounts/login/",
+            data={
+                "username": "bench",
+                "password": "bench-password-1",
+                "csrfmiddlewaretoken": token,
+            },
+            headers={"Referer": f"{stack.url}/accounts/login/"},
+        )
+        return f"sessionid={client.cookies['sessionid']}"
+
+
+def sample_rows(count: int) -> list[tuple]:
+    """Narrow sample rows (ts, node, metric, gpu, value), shaped like the bench's batches."""
+    base = datetime.now(tz=UTC)
+    return [
+        (base, index // 1000, index % 12, index % 8, float(index % 100) + 0.5)
+        for index in range(count)
+    ]
+
+
+def percentile(values: list[float], pct: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(pct / 100 * len(ordered)) - 1)]

@@ -1,0 +1,167 @@
+"""`opsboard-agent run`: the node agent as a command (also `python -m opsboard_agent`).
+
+Every option has an environment variable (OPSBOARD_SERVER, OPSBOARD_TOKEN_FILE,
+OPSBOARD_NODE, OPSBOARD_SCRAPE (space- or comma-separated), OPSBOARD_INTERVAL,
+OPSBOARD_SPOOL_DIR, OPSBOARD_SPOOL_MAX_MB, OPSBOARD_LOG_LEVEL, OPSBOARD_NO_GPU,
+OPSBOARD_SPOOL_JOURNAL); a flag wins over its variable. The token is read from a file so it
+never shows in `ps`. SIGTERM/SIGINT stop the loop; the buffer is spooled and the sender
+gets a few seconds to deliver; whatever is left stays spooled for the next start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+
+from opsboard_agent.agent import Agent
+from opsboard_agent.collectors import Collector
+from opsboard_agent.collectors.gpu import GpuCollector
+from opsboard_agent.collectors.host import HostCollector
+from opsboard_agent.collectors.scrape import ScrapeCollector
+from opsboard_agent.records import sanitize_name
+from opsboard_agent.sender import Sender
+from opsboard_agent.shipper import Shipper
+from opsboard_agent.spool import Spool, SpoolLocked
+
+log = logging.getLogger("opsboard_agent")
+
+DEFAULT_SPOOL_DIR = Path.home() / ".local" / "state" / "opsboard-agent" / "spool"
+
+
+def _env_bool(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="opsboard-agent", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="collect and ship telemetry until stopped")
+    run.add_argument(
+        "--server",
+        default=env("OPSBOARD_SERVER"),
+        help="base URL of the Opsboard server, e.g. https://opsboard.example",
+    )
+    run.add_argument(
+        "--token-file",
+        default=env("OPSBOARD_TOKEN_FILE"),
+        help="file holding the cluster's agent token",
+    )
+    run.add_argument(
+        "--node",
+        default=env("OPSBOARD_NODE") or socket.gethostname(),
+        help="this node's name (default: the host name)",
+    )
+    run.add_argument(
+        "--scrape",
+        action="append",
+        metavar="URL",
+        default=(env("OPSBOARD_SCRAPE") or "").replace(",", " ").split(),
+        help="a Prometheus/OpenMetrics endpoint to scrape (repeatable)",
+    )
+    run.add_argument(
+        "--interval",
+        type=float,
+        default=float(env("OPSBOARD_INTERVAL", "10")),
+        help="seconds between collections (default 10)",
+    )
+    run.add_argument(
+        "--spool-dir", type=Path, default=Path(env("OPSBOARD_SPOOL_DIR") or DEFAULT_SPOOL_DIR)
+    )
+    run.add_argument(
+        "--spool-max-mb", type=float, default=float(env("OPSBOARD_SPOOL_MAX_MB", "256"))
+    )
+    run.add_argument(
+        "--no-gpu",
+        action="store_true",
+        default=_env_bool("OPSBOARD_NO_GPU"),
+        help="do not load NVML (GPU metrics from a dcgm-exporter scrape instead)",
+    )
+    run.add_argument(
+        "--spool-journal",
+        action="store_true",
+        default=_env_bool("OPSBOARD_SPOOL_JOURNAL"),
+        help="append every spooled batch_id to <spool-dir>/journal (auditing)",
+    )
+    run.add_argument("--log-level", default=env("OPSBOARD_LOG_LEVEL", "INFO"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.server or not args.token_file:
+        log.error(
+            "--server and --token-file (or OPSBOARD_SERVER, OPSBOARD_TOKEN_FILE) are required"
+        )
+        return 2
+    try:
+        token = Path(args.token_file).read_text().strip()
+    except OSError as exc:
+        log.error("cannot read the token file: %s", exc)
+        return 2
+    try:
+        spool = Spool(
+            args.spool_dir,
+            max_bytes=int(args.spool_max_mb * 1024 * 1024),
+            journal=args.spool_journal,
+        )
+    except SpoolLocked as exc:
+        log.error("%s", exc)
+        return 1
+    collectors: list[Collector] = [HostCollector()]
+    gpu = None if args.no_gpu else GpuCollector()
+    if gpu is not None:
+        collectors.append(gpu)
+    if args.scrape:
+        collectors.append(ScrapeCollector(args.scrape, timeout=min(5.0, args.interval)))
+    node_info = {"cpus": psutil.cpu_count() or 0, "mem_bytes": psutil.virtual_memory().total}
+    if gpu is not None and gpu.available:
+        node_info["gpus"] = gpu.gpu_count
+        if gpu.gpu_model:
+            node_info["gpu_model"] = gpu.gpu_model
+    node = sanitize_name(args.node)
+    sender = Sender(spool, server=args.server, token=token)
+    shipper = Shipper(spool=spool, sender=sender, node=node, node_info=node_info).start()
+    agent = Agent(collectors, shipper, interval=args.interval)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info(
+        "opsboard-agent: node %s → %s every %.1f s (spool %s, %d collectors)",
+        node,
+        args.server,
+        args.interval,
+        args.spool_dir,
+        len(collectors),
+    )
+    try:
+        agent.run(stop)
+    finally:
+        shipper.close(drain_timeout=5.0)
+        for collector in collectors:
+            collector.close()
+        log.info("stopped; %d batches left in the spool", len(spool))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

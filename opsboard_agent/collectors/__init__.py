@@ -1,0 +1,24 @@
+"""Collectors: each is a small object whose `collect(now)` returns contract samples.
+
+A collector that also sees discrete happenings (an XID error, new ECC errors) hands them out
+as contract events from `take_events()`; the agent drains both after every collect. A
+collector never raises for an absent source (no driver, exporter down): it reports itself
+unavailable once in the log and returns nothing."""
+
+from __future__ import annotations
+
+from opsboard_agent.records import Event, Sample
+
+
+class Collector:
+    name = "collector"
+
+    def collect(self, now: float) -> list[Sample]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def take_events(self) -> list[Event]:
+        """Events seen since the last call (none by default)."""
+        return []
+
+    def close(self) -> None:
+        """Release what the collector holds (NVML, sockets); it is not used afterwards."""

@@ -1,0 +1,45 @@
+"""Per-second rates from monotonically increasing counters (network and disk bytes, NVLink
+data). Pure: the caller owns the clock and the readings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def counter_rates(
+    previous: Mapping[str, float], previous_ts: float, current: Mapping[str, float], ts: float
+) -> dict[str, float]:
+    """Rates (units per second) for the counters present in both readings.
+
+    A counter that went down (a reset: driver reload, NIC re-created, 32-bit wrap the source
+    did not hide) gives no rate for this interval rather than a negative or huge one; so does
+    a non-positive interval. The next interval, measured from the new value, is fine again."""
+    elapsed = ts - previous_ts
+    if elapsed <= 0:
+        return {}
+    rates = {}
+    for key, value in current.items():
+        before = previous.get(key)
+        if before is None or value < before:
+            continue
+        rates[key] = (value - before) / elapsed
+    return rates
+
+
+class RateTracker:
+    """Keeps the previous reading so that each `update` returns the rates since the last one.
+    The first update returns nothing (no interval yet)."""
+
+    def __init__(self) -> None:
+        self._previous: dict[str, float] | None = None
+        self._previous_ts = 0.0
+
+    def update(self, current: Mapping[str, float], ts: float) -> dict[str, float]:
+        rates = (
+            {}
+            if self._previous is None
+            else counter_rates(self._previous, self._previous_ts, current, ts)
+        )
+        if ts > self._previous_ts or self._previous is None:
+            self._previous, self._previous_ts = dict(current), ts
+        return rates

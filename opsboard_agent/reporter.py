@@ -1,0 +1,315 @@
+"""The training-loop reporter: one per rank, step reports and run events to the server.
+
+    reporter = Reporter.from_env(run="llama-3")        # RANK/LOCAL_RANK/WORLD_SIZE, OPSBOARD_*
+    for step, batch in enumerate(loader):
+        with reporter.phase("data"): ...
+        with reporter.phase("compute"): ...
+        if reporter.should_check(step):
+            reporter.record_grad_checksum(model)        # after all-reduce, before opt.step()
+        ...
+        reporter.step(step, tokens=n, loss=loss_value)
+    reporter.close()
+
+Guarantees: `step()` and the phase timers only touch memory (a lock and a list append);
+a background thread spools records every `flush_interval` seconds and another sends them,
+so the training loop never waits on the disk or the network. Without a server configured
+the reporter is disabled (one log line) and every call is a cheap no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from opsboard_agent.records import Event, sample, sanitize_name
+from opsboard_agent.sender import Sender
+from opsboard_agent.shipper import Shipper
+from opsboard_agent.spool import Spool
+
+log = logging.getLogger(__name__)
+
+PHASE_FIELDS = {
+    "data": "data_time",
+    "h2d": "h2d_time",
+    "compute": "compute_time",
+    "comm": "comm_wait",
+}
+
+
+class _Phase:
+    """A reusable timer: adds each `with` block's duration to its step field."""
+
+    __slots__ = ("_times", "_field", "_started")
+
+    def __init__(self, times: dict[str, float], field: str) -> None:
+        self._times, self._field, self._started = times, field, 0.0
+
+    def __enter__(self) -> _Phase:
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._times[self._field] += time.perf_counter() - self._started
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip().lstrip("-").isdigit() else default
+
+
+class Reporter:
+    def __init__(
+        self,
+        *,
+        run: str,
+        server: str | None = None,
+        token: str | None = None,
+        node: str | None = None,
+        rank: int = 0,
+        local_rank: int = 0,
+        world_size: int = 1,
+        check_every: int = 100,
+        shard: str | None = None,
+        spool_dir: str | Path | None = None,
+        spool_max_mb: float = 64.0,
+        flush_interval: float = 1.0,
+        canary_projections: int = 4,
+        canary_seed: int = 0,
+    ) -> None:
+        self.run = sanitize_name(run)
+        self.node = sanitize_name(node or socket.gethostname())
+        self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
+        self.check_every, self.shard = check_every, shard
+        self.canary_projections, self.canary_seed = canary_projections, canary_seed
+        self._times = dict.fromkeys(PHASE_FIELDS.values(), 0.0)
+        self._phases = {name: _Phase(self._times, field) for name, field in PHASE_FIELDS.items()}
+        self._pending: dict[str, Any] = {}
+        self._last_step_at: float | None = None
+        self.shipper: Shipper | None = None
+        if not server or not token:
+            log.warning("opsboard reporter disabled: no server or token configured")
+            return
+        spool_dir = (
+            Path(spool_dir)
+            if spool_dir
+            else Path(tempfile.gettempdir())
+            / "opsboard-agent"
+            / f"{self.node}-{self.run}-rank{rank}"
+        )
+        spool = Spool(spool_dir, max_bytes=int(spool_max_mb * 1024 * 1024))
+        sender = Sender(spool, server=server, token=token)
+        self.shipper = Shipper(spool=spool, sender=sender, node=self.node, run=self.run)
+        self.shipper.start(flush_interval=flush_interval)
+        restarts = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+        if restarts > 0 and rank == 0:
+            self.event("restart", restart_count=restarts, rank=rank)
+
+    @classmethod
+    def from_env(cls, *, run: str | None = None, **kwargs: Any) -> Reporter:
+        """A reporter configured from torchrun's RANK/LOCAL_RANK/WORLD_SIZE and
+        OPSBOARD_SERVER, OPSBOARD_TOKEN_FILE, OPSBOARD_NODE, OPSBOARD_RUN,
+        OPSBOARD_SPOOL_DIR (a per-rank subdirectory is used); keyword arguments win."""
+        rank = kwargs.pop("rank", _env_int("RANK", 0))
+        token = kwargs.pop("token", None)
+        token_file = kwargs.pop("token_file", None) or os.environ.get("OPSBOARD_TOKEN_FILE")
+        if token is None and token_file:
+            token = Path(token_file).read_text().strip()
+        spool_dir = kwargs.pop("spool_dir", None)
+        if spool_dir is None and os.environ.get("OPSBOARD_SPOOL_DIR"):
+            spool_dir = Path(os.environ["OPSBOARD_SPOOL_DIR"]) / f"rank-{rank}"
+        return cls(
+            run=run or os.environ.get("OPSBOARD_RUN") or "run",
+            server=kwargs.pop("server", None) or os.environ.get("OPSBOARD_SERVER"),
+            token=token,
+            node=kwargs.pop("node", None) or os.environ.get("OPSBOARD_NODE"),
+            rank=rank,
+            local_rank=kwargs.pop("local_rank", _env_int("LOCAL_RANK", 0)),
+            world_size=kwargs.pop("world_size", _env_int("WORLD_SIZE", 1)),
+            spool_dir=spool_dir,
+            **kwargs,
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.shipper is not None
+
+    # -- the step ------------------------------------------------------------------------
+
+    def phase(self, name: str) -> _Phase:
+        """Timer for one of `data`, `h2d`, `compute`, `comm`; blocks add up within a step."""
+        return self._phases[name]
+
+    def should_check(self, step: int) -> bool:
+        return self.check_every > 0 and step % self.check_every == 0
+
+    def step(
+        self,
+        step: int,
+        *,
+        tokens: int | None = None,
+        loss: Any = None,
+        step_time: float | None = None,
+        **fields: Any,
+    ) -> None:
+        """Record the step report of this rank: the phase times since the previous
+        `step()`, the corruption checks recorded since, and `fields`. `step_time` defaults
+        to the wall time since the previous call (the phase sum for the first). A tensor
+        `loss` is read with `.item()`, which synchronises with the device."""
+        now = time.perf_counter()
+        times = self._times
+        if step_time is None:
+            step_time = (
+                (now - self._last_step_at)
+                if self._last_step_at is not None
+                else sum(times.values())
+            )
+        self._last_step_at = now
+        record: dict[str, Any] = {
+            "ts": time.time(),
+            "rank": self.rank,
+            "step": step,
+            "step_time": step_time,
+        }
+        for field, value in times.items():
+            if value:
+                record[field] = value
+            times[field] = 0.0
+        if tokens is not None:
+            record["tokens"] = int(tokens)
+        if loss is not None:
+            loss = float(loss.item() if hasattr(loss, "item") else loss)
+            if loss == loss and abs(loss) != float("inf"):  # a NaN loss must not cost the batch
+                record["loss"] = loss
+        if self.shard is not None:
+            record["shard"] = self.shard
+        if self._pending:
+            record.update(self._pending)
+            self._pending = {}
+        record.update(fields)
+        if self.shipper is not None:
+            self.shipper.add(steps=(record,))
+
+    # -- corruption checks (torch imported only here) -----------------------------------
+
+    def record_grad_checksum(self, model: Any) -> str:
+        """Call after the gradients are all-reduced, before the optimizer step."""
+        from opsboard_agent import torchcheck
+
+        value = self._pending["grad_checksum"] = torchcheck.grad_checksum(model)
+        return value
+
+    def record_param_checksum(self, model: Any) -> str:
+        """Call after the optimizer step."""
+        from opsboard_agent import torchcheck
+
+        value = self._pending["param_checksum"] = torchcheck.param_checksum(model)
+        return value
+
+    def record_canary(self, model: Any, loss_fn: Callable[[Any], Any]) -> dict[str, Any]:
+        """Canary of the fixed probe batch (`loss_fn(module)` returns its loss); its cost is
+        reported as the sample `agent.canary_seconds`."""
+        from opsboard_agent import torchcheck
+
+        started = time.perf_counter()
+        value = torchcheck.canary(
+            model, loss_fn, projections=self.canary_projections, seed=self.canary_seed
+        )
+        self._pending["canary"] = value
+        self.sample("agent.canary_seconds", time.perf_counter() - started)
+        return value
+
+    # -- events and samples --------------------------------------------------------------
+
+    def event(self, kind: str, **fields: Any) -> None:
+        record: Event = {
+            "ts": time.time(),
+            "kind": kind,
+            **{k: v for k, v in fields.items() if v is not None},
+        }
+        if self.shipper is not None:
+            self.shipper.add(events=(record,))
+
+    def sample(self, metric: str, value: float, gpu: int | None = None) -> None:
+        record = sample(time.time(), metric, value, gpu)
+        if record is not None and self.shipper is not None:
+            self.shipper.add(samples=(record,))
+
+    def checkpoint(
+        self,
+        step: int,
+        tier: str,
+        state: str,
+        *,
+        path: str | None = None,
+        size: int | None = None,
+        duration: float | None = None,
+    ) -> None:
+        """One checkpoint event: `tier` is `local` or `durable`, `state` is `started`,
+        `completed` or `failed`."""
+        self.event(
+            "checkpoint",
+            step=step,
+            tier=tier,
+            state=state,
+            path=path,
+            bytes=size,
+            duration=duration,
+            rank=self.rank,
+        )
+
+    @contextlib.contextmanager
+    def checkpointing(
+        self, step: int, tier: str, *, path: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """`started` now, then `completed` (with duration, and `bytes` if the block sets
+        `info["bytes"]`) or `failed` (the exception propagates)."""
+        info: dict[str, Any] = {}
+        self.checkpoint(step, tier, "started", path=path)
+        started = time.perf_counter()
+        try:
+            yield info
+        except BaseException:
+            self.checkpoint(step, tier, "failed", path=path, duration=time.perf_counter() - started)
+            raise
+        self.checkpoint(
+            step,
+            tier,
+            "completed",
+            path=path,
+            size=info.get("bytes"),
+            duration=time.perf_counter() - started,
+        )
+
+    @contextlib.contextmanager
+    def oom_guard(self) -> Iterator[None]:
+        """Reports `torch.cuda.OutOfMemoryError` (where torch has it) as an `oom` event,
+        spools it at once (the process is likely about to die), and re-raises."""
+        torch = sys.modules.get("torch")
+        oom_type = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+        if oom_type is None:
+            yield
+            return
+        try:
+            yield
+        except oom_type as exc:
+            self.event("oom", rank=self.rank, message=str(exc)[:8000])
+            if self.shipper is not None:
+                self.shipper.flush()
+            raise
+
+    def restart(self, **fields: Any) -> None:
+        self.event("restart", rank=self.rank, **fields)
+
+    def close(self, drain_timeout: float = 10.0) -> None:
+        """Spool what is buffered and deliver for up to `drain_timeout` seconds."""
+        if self.shipper is not None:
+            self.shipper.close(drain_timeout=drain_timeout)
+            self.shipper = None

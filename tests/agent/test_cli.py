@@ -1,0 +1,76 @@
+"""`opsboard-agent run` as a process: configuration, stderr logging, SIGTERM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from opsboard_agent.cli import build_parser
+from tests.agent.conftest import REPO, closed_port_url
+
+
+def test_options_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("OPSBOARD_SERVER", "http://s")
+    monkeypatch.setenv("OPSBOARD_TOKEN_FILE", "/t")
+    monkeypatch.setenv("OPSBOARD_NODE", "node-9")
+    monkeypatch.setenv("OPSBOARD_SCRAPE", "http://a/metrics,http://b/metrics")
+    monkeypatch.setenv("OPSBOARD_INTERVAL", "2.5")
+    args = build_parser().parse_args(["run", "--node", "node-10"])
+    assert (args.server, args.token_file, args.node, args.interval) == (
+        "http://s",
+        "/t",
+        "node-10",
+        2.5,
+    )
+    assert args.scrape == ["http://a/metrics", "http://b/metrics"]
+
+
+def test_it_exits_cleanly_on_sigterm_and_keeps_what_it_could_not_send(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("x")
+    spool = tmp_path / "spool"
+    command = [
+        sys.executable,
+        "-m",
+        "opsboard_agent",
+        "run",
+        "--server",
+        closed_port_url(),
+        "--token-file",
+        str(token),
+        "--node",
+        "node-01",
+        "--interval",
+        "0.2",
+        "--spool-dir",
+        str(spool),
+    ]
+    agent = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    time.sleep(2)
+    agent.send_signal(signal.SIGTERM)
+    _, stderr = agent.communicate(timeout=30)
+    assert agent.returncode == 0, stderr
+    assert "GPU collector unavailable" in stderr and "received SIGTERM" in stderr
+    batches = [json.loads(p.read_bytes()) for p in sorted(spool.glob("*.batch"))]
+    assert len(batches) >= 5
+    assert len({b["batch_id"] for b in batches}) == len(batches)
+    assert all(b["node"] == "node-01" and b["samples"] for b in batches)
+
+
+def test_it_refuses_to_start_without_a_server(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "opsboard_agent", "run"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OPSBOARD_")},
+    )
+    assert result.returncode == 2 and "--server" in result.stderr
