@@ -70,8 +70,14 @@ def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Accept)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     with tempfile.TemporaryDirectory() as spool_dir:
-        reporter = Reporter(run="bench", server=f"http://127.0.0.1:{server.server_address[1]}",
-                            token="t", node="bench", spool_dir=spool_dir, flush_interval=1.0)
+        reporter = Reporter(
+            run="bench",
+            server=f"http://127.0.0.1:{server.server_address[1]}",
+            token="t",
+            node="bench",
+            spool_dir=spool_dir,
+            flush_interval=1.0,
+        )
         per_step_seconds(reporter)  # warm-up
         step_cost = per_step_seconds(reporter)
         check_cost = check_seconds(reporter)
@@ -79,13 +85,19 @@ def main() -> None:
     server.shutdown()
     amortised = check_cost / CHECK_EVERY
     total = step_cost + amortised
-    print(f"phase timers + step(): {step_cost * 1e6:8.1f} us/step "
-          f"= {100 * step_cost / STEP_S:.4f} % of a 100 ms step")
-    print(f"checks (grad+param checksum, canary) on the example model: "
-          f"{check_cost * 1e3:.2f} ms each, every {CHECK_EVERY} steps "
-          f"= {amortised * 1e6:.1f} us/step")
-    print(f"total: {total * 1e6:.1f} us/step = {100 * total / STEP_S:.4f} % of a 100 ms step "
-          f"(budget 1 %): {'OK' if total / STEP_S <= 0.01 else 'OVER BUDGET'}")
+    print(
+        f"phase timers + step(): {step_cost * 1e6:8.1f} us/step "
+        f"= {100 * step_cost / STEP_S:.4f} % of a 100 ms step"
+    )
+    print(
+        f"checks (grad+param checksum, canary) on the example model: "
+        f"{check_cost * 1e3:.2f} ms each, every {CHECK_EVERY} steps "
+        f"= {amortised * 1e6:.1f} us/step"
+    )
+    print(
+        f"total: {total * 1e6:.1f} us/step = {100 * total / STEP_S:.4f} % of a 100 ms step "
+        f"(budget 1 %): {'OK' if total / STEP_S <= 0.01 else 'OVER BUDGET'}"
+    )
 
 
 if __name__ == "__main__":

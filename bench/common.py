@@ -58,18 +58,33 @@ def _conninfo(url: str) -> str:
 
 
 class BenchStack:
-    """Web server (uvicorn, N workers), Celery worker with beat, live publisher."""
+    """The processes of `make run`, as opsboard.stack starts them (HTTP on gunicorn by
+    default; `http="uvicorn"` serves HTTP from the ASGI server too, for comparison)."""
 
-    def __init__(self, env: dict[str, str], web_workers: int, concurrency: int) -> None:
+    def __init__(
+        self, env: dict[str, str], web_workers: int, concurrency: int, http: str = "gunicorn"
+    ) -> None:
+        from opsboard.stack import server_commands
         from tests.stackproc import free_port
 
-        self.env = env
-        self.port = free_port()
+        self.port, self.ws_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        python = sys.executable
-        self.commands = {
-            "web": [
-                python,
+        self.env = {**env, "LIVE_WS_PORT": str(self.ws_port)}
+        self.commands = server_commands(
+            host="127.0.0.1",
+            port=self.port,
+            ws_port=self.ws_port,
+            web_workers=web_workers,
+            worker_concurrency=concurrency,
+            queue=env["OPSBOARD_REDIS_PREFIX"],
+            beat_schedule=LOG_DIR / "beat-schedule",
+            beat_in_worker=True,
+        )
+        if http == "uvicorn":
+            self.ws_port = self.port
+            del self.commands["ws"]
+            self.commands["web"] = [
+                sys.executable,
                 "-m",
                 "uvicorn",
                 "opsboard.asgi:application",
@@ -82,28 +97,7 @@ class BenchStack:
                 "--no-access-log",
                 "--log-level",
                 "warning",
-            ],
-            "worker": [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "opsboard",
-                "worker",
-                "-B",
-                "--loglevel",
-                "WARNING",
-                "--concurrency",
-                str(concurrency),
-                "--without-mingle",
-                "--without-gossip",
-                "-Q",
-                env["OPSBOARD_REDIS_PREFIX"],
-                "--schedule",
-                str(LOG_DIR / "beat-schedule"),
-            ],
-            "publisher": [python, "manage.py", "live_publisher"],
-        }
+            ]
         self.processes: list[subprocess.Popen] = []
 
     def start(self) -> None:

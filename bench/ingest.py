@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import os
 import statistics
@@ -66,7 +67,7 @@ def make_bodies(sender: int, count: int, base_ts: float) -> list[bytes]:
             "node": node,
             "samples": samples,
         }
-        bodies.append(json.dumps(batch).encode())
+        bodies.append(gzip.compress(json.dumps(batch).encode(), compresslevel=1))
     return bodies
 
 
@@ -91,7 +92,11 @@ class Senders:
     def _send(self, bodies: list[bytes]) -> None:
         import httpx
 
-        headers = {"Authorization": f"Bearer {self.secret}", "Content-Type": "application/json"}
+        headers = {
+            "Authorization": f"Bearer {self.secret}",
+            "Content-Type": "application/json",
+            "Content-Encoding": "gzip",  # as the agent sends
+        }
         with httpx.Client(base_url=self.url, timeout=60) as client:
             for body in bodies:
                 started = time.monotonic()
@@ -121,7 +126,7 @@ class Probe:
         import httpx
         import websockets
 
-        url = f"ws://127.0.0.1:{self.stack.port}/ws/clusters/{self.cluster}/"
+        url = f"ws://127.0.0.1:{self.stack.ws_port}/ws/clusters/{self.cluster}/"
         headers = {"Cookie": self.cookie, "Origin": f"http://127.0.0.1:{self.stack.port}"}
         async with websockets.connect(url, additional_headers=headers, max_size=2**24) as ws:
             receiver = asyncio.create_task(self._receive(ws))
@@ -191,12 +196,20 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=int(os.environ.get("BENCH_BATCHES", 3000)))
     parser.add_argument("--senders", type=int, default=6)
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--web-workers", type=int, default=3)
     parser.add_argument("--worker-concurrency", type=int, default=2)
+    parser.add_argument(
+        "--http",
+        choices=["uvicorn", "gunicorn"],
+        default="gunicorn",
+        help="server for the HTTP API (websockets always on uvicorn)",
+    )
     args = parser.parse_args()
 
     env, conninfo = prepare_database()
-    stack = BenchStack(env, web_workers=args.web_workers, concurrency=args.worker_concurrency)
+    stack = BenchStack(
+        env, web_workers=args.web_workers, concurrency=args.worker_concurrency, http=args.http
+    )
     stack.start()
     try:
         return run(args, stack, conninfo)
@@ -273,7 +286,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
 
     print()
     print(
-        f"senders {args.senders}, web workers {args.web_workers}, celery concurrency "
+        f"HTTP on {args.http}, senders {args.senders}, web workers {args.web_workers}, celery concurrency "
         f"{args.worker_concurrency}, {total_batches} batches x 1,000 samples, "
         f"{senders.failed} failed posts"
     )

@@ -175,6 +175,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES + 1024
 INGEST_RETRY_AFTER = envint("INGEST_RETRY_AFTER", 5)
 # Samples are merged into one chunk per series per this many seconds once the window is over.
 TELEMETRY_CHUNK_SECONDS = envint("TELEMETRY_CHUNK_SECONDS", 600)
+# The pages open their websocket on this port of the page's host (the ASGI server's, when it
+# runs beside a WSGI server); empty: the page's own host and port (behind a proxy).
+LIVE_WS_PORT = env("LIVE_WS_PORT")
 LIVE_PUBLISH_INTERVAL = envfloat("LIVE_PUBLISH_INTERVAL", 0.1)
 # A node is sent at most once per this many seconds; its later changes wait and coalesce.
 LIVE_NODE_INTERVAL = envfloat("LIVE_NODE_INTERVAL", 1.0)

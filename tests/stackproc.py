@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -117,69 +116,47 @@ class Process:
 
 
 class Stack:
-    """A web server, a worker and a publisher sharing one database and one Redis."""
+    """The processes of `make run` (opsboard.stack.server_commands) on one database and Redis:
+    gunicorn for HTTP, uvicorn for websockets, a supervised Celery worker with beat, and the
+    live publisher."""
 
     def __init__(self, env: dict[str, str], name: str = "stack", publisher: bool = True) -> None:
-        self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        from opsboard.stack import server_commands
+
         self.name = name
-        self.port = free_port()
+        self.port, self.ws_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        python = sys.executable
-        queue = self.env.get("OPSBOARD_REDIS_PREFIX", "opsboard")
-        self.web = Process(
-            f"{name}-web",
-            [
-                python,
-                "-m",
-                "uvicorn",
-                "opsboard.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--no-access-log",
-            ],
-            self.env,
+        self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "LIVE_WS_PORT": str(self.ws_port)}
+        commands = server_commands(
+            host="127.0.0.1",
+            port=self.port,
+            ws_port=self.ws_port,
+            web_workers=2,
+            worker_concurrency=2,
+            queue=self.env.get("OPSBOARD_REDIS_PREFIX", "opsboard"),
+            beat_schedule=LOG_DIR / f"{name}-beat-schedule",
+            beat_in_worker=True,
         )
-        self.worker = Process(
-            f"{name}-worker",
-            [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "opsboard",
-                "worker",
-                "-B",
-                "--loglevel",
-                "INFO",
-                "--concurrency",
-                "2",
-                "--without-mingle",
-                "--without-gossip",
-                "-Q",
-                queue,
-                "--schedule",
-                str(LOG_DIR / f"{name}-beat-schedule"),
-            ],
-            self.env,
-            supervised=True,
-        )
+        self.web = Process(f"{name}-web", commands["web"], self.env)
+        self.ws = Process(f"{name}-ws", commands["ws"], self.env)
+        self.worker = Process(f"{name}-worker", commands["worker"], self.env, supervised=True)
         self.publisher = (
-            Process(f"{name}-publisher", [python, "manage.py", "live_publisher"], self.env)
-            if publisher
-            else None
+            Process(f"{name}-publisher", commands["publisher"], self.env) if publisher else None
         )
 
+    @property
+    def processes(self) -> list[Process]:
+        return [p for p in (self.web, self.ws, self.worker, self.publisher) if p is not None]
+
     def start(self) -> Stack:
-        self.web.start()
-        self.worker.start()
-        if self.publisher:
-            self.publisher.start()
+        for process in self.processes:
+            process.start()
         wait_until(lambda: http_ok(f"{self.url}/healthz"), 60, f"{self.name} web server")
+        wait_until(
+            lambda: http_ok(f"http://127.0.0.1:{self.ws_port}/healthz"), 60, f"{self.name} ws"
+        )
         return self
 
     def stop(self) -> None:
-        for process in (self.publisher, self.worker, self.web):
-            if process:
-                process.stop()
+        for process in reversed(self.processes):
+            process.stop()

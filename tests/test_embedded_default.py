@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -34,8 +35,9 @@ def start_stack(env, port, log):
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    log_path = Path(log.name)
     wait_until(
-        lambda: http_ok(f"http://127.0.0.1:{port}/healthz") or process.poll() is not None,
+        lambda: b"Opsboard is up" in log_path.read_bytes() or process.poll() is not None,
         120,
         "the embedded stack",
     )
@@ -61,7 +63,7 @@ def series(port, secret, start):
 def test_the_embedded_default_ingests_end_to_end_and_keeps_its_data(tmp_path):
     env = embedded_env(tmp_path / "var")
     port = free_port()
-    with open(tmp_path / "stack.log", "wb") as log:
+    with open(tmp_path / "stack.log", "wb") as log, open(tmp_path / "restart.log", "wb") as log2:
         stack = start_stack(env, port, log)
         try:
             secret = subprocess.run(
@@ -88,7 +90,7 @@ def test_the_embedded_default_ingests_end_to_end_and_keeps_its_data(tmp_path):
         assert not (tmp_path / "var" / "pgdata" / "postmaster.pid").exists()
         assert not http_ok(f"http://127.0.0.1:{port}/healthz")
 
-        stack = start_stack(env, port, log)  # the same var dir: the data is still there
+        stack = start_stack(env, port, log2)  # the same var dir: the data is still there
         try:
             assert len(series(port, secret, now - 60)) == 1
         finally:

@@ -33,13 +33,13 @@ class InboxBatch(models.Model):
             )
         ]
 
+    def __str__(self) -> str:
+        return f"{self.token_id}/{self.batch_id}"
+
     @property
     def body(self) -> bytes:
         """The JSON body (inflated), or b"" once processed."""
         return decode_payload(bytes(self.payload or b""), self.payload_encoding)
-
-    def __str__(self) -> str:
-        return f"{self.token_id}/{self.batch_id}"
 
 
 def decode_payload(payload: bytes, encoding: str) -> bytes:

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -19,5 +20,9 @@ def cluster_nodes(request: HttpRequest, cluster_name: str) -> HttpResponse:
     cluster = cluster_get(name=cluster_name)
     if cluster is None:
         raise Http404("no such cluster")
-    context = {"cluster": cluster, "nodes": node_health_list(cluster_id=cluster.id)}
+    context = {
+        "cluster": cluster,
+        "nodes": node_health_list(cluster_id=cluster.id),
+        "ws_port": settings.LIVE_WS_PORT,
+    }
     return render(request, "live/cluster_nodes.html", context)

@@ -124,7 +124,8 @@ def health_update(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> None:
         cursor.execute(
             "INSERT INTO telemetry_nodehealth (node_id, gpu, ts, values)"
             " SELECT node_id, gpu, to_timestamp(ts), values"
-            " FROM jsonb_to_recordset(%s::jsonb) AS r(node_id int, gpu int, ts float8, values jsonb)"
+            " FROM jsonb_to_recordset(%s::jsonb)"
+            "  AS r(node_id int, gpu int, ts float8, values jsonb)"
             " ON CONFLICT (node_id, gpu) DO UPDATE SET"
             "  values = CASE WHEN EXCLUDED.ts >= telemetry_nodehealth.ts"
             "    THEN telemetry_nodehealth.values || EXCLUDED.values"

@@ -58,7 +58,8 @@
 
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const socket = new WebSocket(`${scheme}://${location.host}/ws/clusters/${encodeURIComponent(cluster)}/`);
+    const host = script.dataset.wsPort ? `${location.hostname}:${script.dataset.wsPort}` : location.host;
+    const socket = new WebSocket(`${scheme}://${host}/ws/clusters/${encodeURIComponent(cluster)}/`);
     socket.onopen = () => { retry = 500; setStatus("live", "live"); };
     socket.onmessage = (message) => {
       const data = JSON.parse(message.data);

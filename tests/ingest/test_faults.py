@@ -16,7 +16,7 @@ from apps.runs.models import StepReport
 from apps.telemetry.selectors import chunk_storage
 from opsboard.embedded import redis_server_binary
 from tests.conftest import AgentClient, make_batch, stack_env
-from tests.stackproc import ROOT, Stack, free_port, wait_until
+from tests.stackproc import ROOT, Stack, free_port, http_ok, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
@@ -176,8 +176,8 @@ def test_ingest_answers_503_with_retry_after_when_postgres_is_down(tmp_path, liv
         name="pgdown",
         publisher=False,
     )
-    stack.worker.start = lambda: stack.worker  # the web server alone is under test
-    stack.start()
+    stack.web.start()  # the web server alone is under test
+    wait_until(lambda: http_ok(f"{stack.url}/healthz"), 60, "the web server")
     try:
         agent = AgentClient(stack.url, secret)
         assert agent.post(make_batch()).status_code == 202
