@@ -213,7 +213,8 @@ SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", "false" if DEBUG else "
 CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", "false" if DEBUG else "true")
 SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = True
-SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "false")
+# the directive only allows submission to the preload list; submitting is a separate step
+SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "false" if DEBUG else "true")
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 

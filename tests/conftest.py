@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import connection
 
 from apps.clusters.services import token_issue
+from apps.ingest.models import InboxBatch
 from tests.stackproc import Stack, database_url
 
 
@@ -41,8 +42,16 @@ def live_stack(django_db_setup, django_db_blocker):
 
 @pytest.fixture
 def live_db(transactional_db):
-    """A transactional test; the sample chunk table (not a Django model) is emptied after."""
+    """A transactional test; the sample chunk table (not a Django model) is emptied after.
+
+    Teardown first waits for the workers to drain the inbox: the flush that follows
+    truncates every table, and doing that under a worker's open transaction deadlocks."""
     yield
+    deadline = time.monotonic() + 60
+    while InboxBatch.objects.filter(processed_at__isnull=True).exists():
+        if time.monotonic() > deadline:
+            break  # the flush will still empty the tables
+        time.sleep(0.1)
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE telemetry_chunk")
 

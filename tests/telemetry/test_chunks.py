@@ -1,0 +1,110 @@
+"""Sample chunks on real Postgres: what reads return, before and after compaction."""
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+from django.db import connection
+
+from apps.clusters.models import Cluster, Node
+from apps.telemetry.selectors import chunk_storage, metric_id_get, series_read
+from apps.telemetry.services import chunks_compact, samples_store
+
+pytestmark = pytest.mark.django_db
+
+WIDTH = 600  # TELEMETRY_CHUNK_SECONDS
+
+
+@pytest.fixture
+def node():
+    return Node.objects.create(cluster=Cluster.objects.create(name="c"), name="n")
+
+
+def store_batches(node, start: float, batches: int, per_batch: int, gpus: int = 2) -> None:
+    """`batches` batches of `per_batch` seconds each: gpu.util = seconds since start % 100."""
+    for batch in range(batches):
+        samples = [
+            {"ts": start + t, "metric": "gpu.util", "gpu": gpu, "value": float(t % 100)}
+            for t in range(batch * per_batch, (batch + 1) * per_batch)
+            for gpu in range(gpus)
+        ]
+        samples_store(samples_by_node={node.id: samples})
+
+
+def test_raw_reads_return_every_point_in_order_within_the_range(node):
+    start = (time.time() - 7200) // WIDTH * WIDTH
+    store_batches(node, start, batches=6, per_batch=10)
+    metric = metric_id_get(name="gpu.util")
+    points = series_read(node_id=node.id, metric_id=metric, gpu=1, start=start + 5, end=start + 25)
+    assert [p[0] - start for p in points] == list(range(5, 25))
+    assert [p[1] for p in points] == [float(t) for t in range(5, 25)]
+
+
+def test_bucketed_reads_give_avg_min_max_count(node):
+    start = (time.time() - 7200) // WIDTH * WIDTH
+    store_batches(node, start, batches=12, per_batch=10)  # 120 s
+    metric = metric_id_get(name="gpu.util")
+    buckets = series_read(
+        node_id=node.id, metric_id=metric, gpu=0, start=start, end=start + 120, step=60
+    )
+    second = (sum(range(60, 100)) + sum(range(0, 20))) / 60
+    assert buckets == [
+        [start, 29.5, 0.0, 59.0, 60],
+        [start + 60, pytest.approx(second), 0.0, 99.0, 60],
+    ]
+
+
+def test_compaction_merges_a_window_into_one_chunk_per_series_and_keeps_every_point(node):
+    start = (time.time() - 3 * 3600) // WIDTH * WIDTH
+    store_batches(node, start, batches=60, per_batch=10)  # exactly one 10-minute window
+    metric = metric_id_get(name="gpu.util")
+    before = series_read(node_id=node.id, metric_id=metric, gpu=0, start=start, end=start + WIDTH)
+    buckets_before = series_read(
+        node_id=node.id, metric_id=metric, gpu=0, start=start, end=start + WIDTH, step=300
+    )
+    assert chunk_storage()["rows"] == 120 and chunk_storage()["samples"] == 1200
+
+    chunks_compact(now=datetime.now(tz=UTC), lookback_windows=30)
+
+    assert chunk_storage()["rows"] == 2  # one sealed chunk per GPU series
+    assert chunk_storage()["samples"] == 1200
+    assert (
+        series_read(node_id=node.id, metric_id=metric, gpu=0, start=start, end=start + WIDTH)
+        == before
+    )
+    assert (
+        series_read(
+            node_id=node.id, metric_id=metric, gpu=0, start=start, end=start + WIDTH, step=300
+        )
+        == buckets_before
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT bool_and(sealed), min(n), max(n) FROM telemetry_chunk")
+        assert cursor.fetchone() == (True, 600, 600)
+
+
+def test_compaction_splits_a_batch_that_straddles_two_windows(node):
+    start = (time.time() - 3 * 3600) // WIDTH * WIDTH + WIDTH - 5
+    store_batches(node, start, batches=1, per_batch=10, gpus=1)  # 5 s in each window
+    chunks_compact(now=datetime.now(tz=UTC), lookback_windows=30)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT n, sealed FROM telemetry_chunk ORDER BY t0")
+        rows = cursor.fetchall()
+    assert [n for n, _ in rows] == [5, 5]
+    metric = metric_id_get(name="gpu.util")
+    assert (
+        len(series_read(node_id=node.id, metric_id=metric, gpu=0, start=start, end=start + 10))
+        == 10
+    )
+
+
+def test_a_late_batch_is_merged_into_its_sealed_window(node):
+    start = (time.time() - 3 * 3600) // WIDTH * WIDTH
+    store_batches(node, start, batches=30, per_batch=10, gpus=1)
+    chunks_compact(now=datetime.now(tz=UTC), lookback_windows=30)
+    late = [
+        {"ts": start + 400 + t, "metric": "gpu.util", "gpu": 0, "value": 1.0} for t in range(10)
+    ]
+    samples_store(samples_by_node={node.id: late})
+    chunks_compact(now=datetime.now(tz=UTC), lookback_windows=30)
+    assert chunk_storage() == {"bytes": chunk_storage()["bytes"], "samples": 310, "rows": 1}
