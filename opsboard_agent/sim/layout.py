@@ -79,7 +79,9 @@ class Layout:
         }
 
 
-def layout_build(*, nodes: int, gpus: int, runs: int = 1, tp: int = 1, prefix: str = "sim") -> Layout:
+def layout_build(
+    *, nodes: int, gpus: int, runs: int = 1, tp: int = 1, prefix: str = "sim"
+) -> Layout:
     """`nodes` × `gpus` shared by `runs` runs. Names: `<prefix>-node-00`, `<prefix>-run-0`."""
     if nodes < 1 or gpus < 1 or runs < 1:
         raise ValueError("nodes, gpus and runs must be at least 1")

@@ -1,0 +1,389 @@
+"""The pure cluster model: seed + layout + faults + simulated time → samples, steps, events.
+
+No I/O and no clock: times are simulated seconds from the start (t = 0). Every random value
+is keyed noise (`noise`), so the output is a function of the inputs alone: `advance(600)`
+gives the same records as `advance(1)`, `advance(2)`, … `advance(600)`.
+
+Training is synchronous data parallel. In step k every rank loads data, stages it to the
+GPU and computes; the all-reduce cannot finish before the slowest rank is ready, so
+
+    step_time = max over ranks(data + h2d + compute) + comm     (the same for every rank)
+    comm_wait(rank) = step_time - (data + h2d + compute)(rank)
+
+A slow rank therefore shows a long compute and the *shortest* comm_wait; its peers wait.
+
+Faults change the data as `faults` documents; the run-level consequences are modelled too:
+a run stops stepping at the earliest of its `hang`, the loss of one of its nodes (the other
+ranks block in a collective: telemetry goes on) and an OOM (the job crashes: its GPUs go
+idle). A lost node sends nothing from then on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsboard_agent.sim.faults import Fault
+from opsboard_agent.sim.layout import Layout, RankSlot
+from opsboard_agent.sim.noise import hexdigest, jitter
+
+# The nominal split of a step, as fractions of --step-time (compute-bound, ~4 % stalls).
+DATA_SHARE, H2D_SHARE, COMPUTE_SHARE, COMM_SHARE = 0.03, 0.01, 0.80, 0.14
+MAX_SM_CLOCK_MHZ = 1980.0
+THROTTLE_TEMP_C = 85.0
+NORMAL_TEMP_C = 63.0  # a busy, well-cooled GPU
+LOCAL_CKPT_S, DURABLE_CKPT_S = 4.0, 20.0
+CKPT_BYTES_PER_RANK = 2_000_000_000
+CANARY_PROJECTIONS = 4
+CANARY_JITTER = 1e-7  # healthy GPUs agree to ~1e-7 relative (reduction order)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    seed: int = 0
+    step_time: float = 1.0
+    interval: float = 10.0
+    check_every: int = 10
+    checkpoint_every: int = 100
+    tokens_per_step: int = 32768  # per rank: 8 sequences of 4096 tokens
+
+    def __post_init__(self) -> None:
+        if not (self.step_time > 0 and self.interval > 0):
+            raise ValueError("step_time and interval must be > 0")
+        if self.check_every < 1 or self.checkpoint_every < 1:
+            raise ValueError("check_every and checkpoint_every must be >= 1")
+
+
+@dataclass(frozen=True)
+class SimSample:
+    t: float
+    node: str
+    metric: str
+    value: float
+    gpu: int | None = None
+
+
+@dataclass(frozen=True)
+class SimStep:
+    """One rank's report of one step; `fields` are the contract's step fields but `ts`."""
+
+    t: float
+    run: str
+    node: str
+    rank: int
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """A contract event (`fields` without `ts`); `rank` is the rank that reports a run
+    event, None for a node event (reported by the node agent)."""
+
+    t: float
+    node: str
+    run: str | None
+    rank: int | None
+    fields: Mapping[str, Any]
+
+
+@dataclass
+class Tick:
+    samples: list[SimSample] = field(default_factory=list)
+    steps: list[SimStep] = field(default_factory=list)
+    events: list[SimEvent] = field(default_factory=list)
+
+
+@dataclass
+class _Cursor:
+    step: int = 0
+    t: float = 0.0
+    stopped: bool = False
+
+
+class ClusterModel:
+    """Generates the cluster's records in simulated-time order; see the module docstring."""
+
+    def __init__(self, layout: Layout, faults: Sequence[Fault], config: SimConfig) -> None:
+        self.layout, self.faults, self.config = layout, tuple(faults), config
+        self.seed = config.seed
+        self._cursors = {run.name: _Cursor() for run in layout.runs}
+        self._next_sample = 0
+        self._until = -math.inf
+        self._events: list[tuple[tuple[Any, ...], SimEvent]] = []
+        self._seq = 0
+        self._writing: dict[str, list[tuple[float, float]]] = {r.name: [] for r in layout.runs}
+        self.lost_at = {node: math.inf for node in layout.nodes}
+        for fault in self.of_kind("node-loss"):
+            self.lost_at[fault.node] = min(self.lost_at[fault.node], fault.at)  # type: ignore[index]
+        self.halt = {run.name: self._halt(run.name) for run in layout.runs}
+        for fault in self.of_kind("oom-creep"):
+            if self.halt[fault.run] == (fault.at + fault.param("ramp"), "oom"):  # type: ignore[index]
+                self._schedule_oom(fault)
+        for fault in self.of_kind("xid"):
+            self._schedule(self._xid_event(fault), (fault.gpu, fault.param("code")))
+
+    # -- fault lookups (pure) ------------------------------------------------------------
+
+    def of_kind(self, kind: str) -> list[Fault]:
+        return [fault for fault in self.faults if fault.kind == kind]
+
+    def active(self, kind: str, t: float, **subject: object) -> list[Fault]:
+        """Faults of `kind` started by `t` whose subject matches `subject`."""
+        return [
+            fault
+            for fault in self.faults
+            if fault.kind == kind
+            and fault.at <= t
+            and all(getattr(fault, key) == value for key, value in subject.items())
+        ]
+
+    def _halt(self, run: str) -> tuple[float, str]:
+        """When and why `run` stops stepping (inf, "" if it never does)."""
+        candidates = [(math.inf, "")]
+        candidates += [(f.at, "hang") for f in self.of_kind("hang") if f.run == run]
+        nodes = self.layout.run(run).nodes
+        candidates += [(self.lost_at[n], "node-loss") for n in nodes if self.lost_at[n] < math.inf]
+        candidates += [
+            (f.at + f.param("ramp"), "oom") for f in self.of_kind("oom-creep") if f.run == run
+        ]
+        return min(candidates)
+
+    def run_state(self, run: str, t: float) -> str:
+        """`training`, `hung` (blocked, GPUs spin in NCCL kernels) or `crashed` (idle)."""
+        halt_t, reason = self.halt[run]
+        if t < halt_t or (t == halt_t and reason == "oom"):
+            return "training"
+        return "crashed" if reason == "oom" else "hung"
+
+    def lost(self, node: str, t: float) -> bool:
+        return t >= self.lost_at[node]
+
+    def gpu_temp(self, node: str, gpu: int, t: float, base: float = NORMAL_TEMP_C) -> float:
+        """Noise-free temperature: `base`, or the thermal fault's ramp from it."""
+        for fault in self.active("thermal", t, node=node, gpu=gpu):
+            share = min(1.0, (t - fault.at) / fault.param("ramp"))
+            base += (fault.param("temp") - base) * share
+        return base
+
+    def sm_clock(self, node: str, gpu: int, t: float, temp: float | None = None) -> float:
+        """The SM clock of a busy GPU: full speed, down 4 % per degree over 85 °C."""
+        temp = self.gpu_temp(node, gpu, t) if temp is None else temp
+        if temp <= THROTTLE_TEMP_C:
+            return MAX_SM_CLOCK_MHZ
+        return max(900.0, MAX_SM_CLOCK_MHZ * (1 - 0.04 * (temp - THROTTLE_TEMP_C)))
+
+    def writing_checkpoint(self, run: str, t: float) -> bool:
+        return any(start <= t < end for start, end in self._writing[run])
+
+    # -- step timing (pure) --------------------------------------------------------------
+
+    def phases(self, slot: RankSlot, t: float, step: int | None) -> tuple[float, float, float]:
+        """(data, h2d, compute) of `slot` for a step starting at `t`; noise-free when
+        `step` is None (the expectation, used for telemetry)."""
+        s, key = self.config.step_time, (slot.run, slot.rank, step)
+
+        def wobble(name: str, amplitude: float) -> float:
+            return 1.0 if step is None else 1.0 + amplitude * jitter(self.seed, name, *key)
+
+        data = DATA_SHARE * s * wobble("data", 0.10)
+        for fault in self.active("input-bound", t, node=slot.node):
+            data = fault.param("factor") * s * wobble("data", 0.05)
+        h2d = H2D_SHARE * s * wobble("h2d", 0.10)
+        compute = COMPUTE_SHARE * s * wobble("compute", 0.01)
+        for fault in self.active("straggler", t, run=slot.run, rank=slot.rank):
+            compute *= fault.param("factor")
+        compute *= MAX_SM_CLOCK_MHZ / self.sm_clock(slot.node, slot.gpu, t)
+        return data, h2d, compute
+
+    def comm(self, run: str, t: float, step: int | None) -> float:
+        """The collective's own time (everyone ready → done); `fabric` stretches it."""
+        comm = COMM_SHARE * self.config.step_time
+        if step is not None:
+            comm *= 1.0 + 0.05 * jitter(self.seed, "comm", run, step)
+        for fault in self.active("fabric", t, run=run):
+            share = min(1.0, (t - fault.at) / fault.param("ramp"))
+            comm *= 1.0 + (fault.param("factor") - 1.0) * share
+        return comm
+
+    def expected_split(self, run: str, t: float) -> tuple[dict[int, tuple[float, ...]], float]:
+        """Noise-free (data, h2d, compute) per rank and the step time, at `t`."""
+        split = {s.rank: self.phases(s, t, None) for s in self.layout.run(run).ranks}
+        return split, max(map(sum, split.values())) + self.comm(run, t, None)
+
+    # -- generation ----------------------------------------------------------------------
+
+    def advance(self, until: float) -> Tick:
+        """Everything with a time in (previous `until`, `until`], each list time-ordered."""
+        if until < self._until:
+            raise ValueError("the model only moves forward")
+        from opsboard_agent.sim.telemetry import node_samples  # telemetry imports this module
+
+        self._until = until
+        tick = Tick()
+        for run in self.layout.runs:
+            tick.steps.extend(self._steps(run.name, until))
+        tick.steps.sort(key=lambda s: (s.t, s.run, s.rank))
+        while self._events and self._events[0][0][0] <= until:
+            _, event = heapq.heappop(self._events)
+            if self._delivered(event):
+                tick.events.append(event)
+        interval = self.config.interval
+        while (t := self._next_sample * interval) <= until:
+            for node in self.layout.nodes:
+                if not self.lost(node, t):
+                    tick.samples.extend(node_samples(self, node, t))
+            self._next_sample += 1
+        return tick
+
+    def _delivered(self, event: SimEvent) -> bool:
+        """A lost node reports nothing; a crashed run's pending checkpoints never finish."""
+        if self.lost(event.node, event.t):
+            return False
+        return not (
+            event.run is not None
+            and event.fields["kind"] == "checkpoint"
+            and self.run_state(event.run, event.t) == "crashed"
+        )
+
+    def _steps(self, run: str, until: float) -> Iterable[SimStep]:
+        cursor = self._cursors[run]
+        halt_t = self.halt[run][0]
+        while not cursor.stopped:
+            reports, end = self._step(run, cursor.step, cursor.t)
+            if end > halt_t:
+                cursor.stopped = True  # the step in flight never ends
+                return
+            if end > until:
+                return
+            yield from reports
+            if cursor.step > 0 and cursor.step % self.config.checkpoint_every == 0:
+                self._schedule_checkpoint(run, cursor.step, end)
+            cursor.step, cursor.t = cursor.step + 1, end
+
+    def _step(self, run: str, step: int, start: float) -> tuple[list[SimStep], float]:
+        """Every rank's report of `step`, which starts at `start`; and its end time."""
+        slots = self.layout.run(run).ranks
+        ready = {s.rank: self.phases(s, start, step) for s in slots}
+        step_time = max(map(sum, ready.values())) + self.comm(run, start, step)
+        end = start + step_time
+        checked = step % self.config.check_every == 0
+        reports = []
+        for slot in slots:
+            data, h2d, compute = ready[slot.rank]
+            # Each rank's own clock sees the step end a little apart.
+            own = step_time + 0.0005 * self.config.step_time * jitter(
+                self.seed, "own", run, slot.rank, step
+            )
+            fields: dict[str, Any] = {
+                "rank": slot.rank,
+                "step": step,
+                "step_time": own,
+                "data_time": data,
+                "h2d_time": h2d,
+                "compute_time": compute,
+                "comm_wait": own - (data + h2d + compute),
+                "tokens": self.config.tokens_per_step,
+                "loss": self._loss(run, slot.rank, step),
+                "shard": slot.shard,
+            }
+            if checked:
+                fields.update(self._checks(slot, step, start))
+            reports.append(SimStep(end, run, slot.node, slot.rank, fields))
+        return reports, end
+
+    def _loss(self, run: str, rank: int, step: int) -> float:
+        floor = 1.9 + 0.2 * (jitter(self.seed, "floor", run) + 1) / 2
+        decayed = floor + (10.4 - floor) * math.exp(-step / 400.0)
+        return decayed * (1.0 + 0.02 * jitter(self.seed, "loss", run, rank, step))
+
+    def _checks(self, slot: RankSlot, step: int, t: float) -> dict[str, Any]:
+        """Checksums (identical across replicas of a shard) and the canary (equal to
+        ~1e-7 relative), with the `sdc` faults applied."""
+        run, shard, rank = slot.run, slot.shard, slot.rank
+        param = hexdigest(self.seed, "param", run, shard, step)
+        if any(f.params["mode"] == "param" for f in self.active("sdc", t, run=run, rank=rank)):
+            param = hexdigest(self.seed, "param-flipped", run, rank, step)
+        norm = 3.0 * (1.0 + 0.2 * jitter(self.seed, "norm", run, shard, step))
+        proj = [
+            2.0 * jitter(self.seed, "proj", run, shard, step, i) for i in range(CANARY_PROJECTIONS)
+        ]
+        norm *= 1.0 + CANARY_JITTER * jitter(self.seed, "cn", run, rank, step)
+        proj = [
+            p * (1.0 + CANARY_JITTER * jitter(self.seed, "cp", run, rank, step, i))
+            for i, p in enumerate(proj)
+        ]
+        for fault in self.active("sdc", t, run=run, rank=rank):
+            if fault.params["mode"] == "canary":
+                magnitude = fault.param("magnitude")
+                norm *= 1.0 + magnitude
+                proj = [
+                    p + magnitude * norm * (1.0 + jitter(self.seed, "sdc", run, rank, step, i))
+                    for i, p in enumerate(proj)
+                ]
+        return {
+            "grad_checksum": hexdigest(self.seed, "grad", run, shard, step),
+            "param_checksum": param,
+            "canary": {"norm": norm, "proj": proj},
+        }
+
+    # -- events --------------------------------------------------------------------------
+
+    def _schedule(self, event: SimEvent, key: tuple[Any, ...]) -> None:
+        order = (event.t, event.node, event.run or "", event.fields["kind"], *key)
+        self._seq += 1  # only breaks ties between otherwise identical keys
+        heapq.heappush(self._events, ((*order, self._seq), event))
+
+    def _schedule_checkpoint(self, run: str, step: int, t: float) -> None:
+        """Local save, then the upload to durable storage (which `nfs-drop` stalls)."""
+        layout = self.layout.run(run)
+        reporter = layout.ranks[0]
+        size = CKPT_BYTES_PER_RANK * layout.world_size
+        local = LOCAL_CKPT_S * (1 + 0.2 * jitter(self.seed, "ckpt-local", run, step))
+        durable = DURABLE_CKPT_S * (1 + 0.2 * jitter(self.seed, "ckpt-durable", run, step))
+        uploaded = t + local
+        self._writing[run].append((t, uploaded))
+        drops = self.active("nfs-drop", uploaded, run=run)
+        phases: list[tuple[float, str, str, dict[str, Any]]] = [
+            (t, "local", "started", {}),
+            (uploaded, "local", "completed", {"bytes": size, "duration": local}),
+            (uploaded, "durable", "started", {}),
+        ]
+        if drops:
+            stall = drops[0].param("stall")
+            phases.append((uploaded + stall, "durable", "failed", {"duration": stall}))
+        else:
+            phases.append(
+                (uploaded + durable, "durable", "completed", {"bytes": size, "duration": durable})
+            )
+        for order, (when, tier, state, extra) in enumerate(phases):
+            root = "/local/ckpt" if tier == "local" else "/nfs/ckpt"
+            fields = {
+                "kind": "checkpoint",
+                "step": step,
+                "tier": tier,
+                "state": state,
+                "path": f"{root}/{run}/step-{step}",
+                "rank": reporter.rank,
+                **extra,
+            }
+            self._schedule(SimEvent(when, reporter.node, run, reporter.rank, fields), (step, order))
+
+    def _schedule_oom(self, fault: Fault) -> None:
+        assert fault.run is not None and fault.node is not None and fault.rank is not None
+        message = (
+            f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU {fault.gpu} has a total "
+            f"capacity of 80.00 GiB of which 0 bytes is free. (rank {fault.rank} on {fault.node})"
+        )
+        fields = {"kind": "oom", "rank": fault.rank, "message": message}
+        when = fault.at + fault.param("ramp")
+        self._schedule(SimEvent(when, fault.node, fault.run, fault.rank, fields), (fault.rank,))
+
+    def _xid_event(self, fault: Fault) -> SimEvent:
+        assert fault.node is not None
+        code = int(fault.param("code"))
+        message = f"NVRM: Xid (PCI:0000:{0x18 + 16 * (fault.gpu or 0):02x}:00): {code}"
+        fields = {"kind": "xid", "gpu": fault.gpu, "code": code, "message": message}
+        return SimEvent(fault.at, fault.node, None, None, fields)
