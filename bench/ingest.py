@@ -286,8 +286,8 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
 
     print()
     print(
-        f"HTTP on {args.http}, senders {args.senders}, web workers {args.web_workers}, celery concurrency "
-        f"{args.worker_concurrency}, {total_batches} batches x 1,000 samples, "
+        f"HTTP on {args.http}, senders {args.senders}, web workers {args.web_workers}, "
+        f"celery concurrency {args.worker_concurrency}, {total_batches} batches x 1,000 samples, "
         f"{senders.failed} failed posts"
     )
     print(f"accepted        {accepted_rate:12,.0f} samples/s  (202s while posting)")

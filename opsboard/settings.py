@@ -122,7 +122,7 @@ DATABASES["default"]["OPTIONS"].setdefault(
         "min_size": envint("DB_POOL_MIN", 1),
         "max_size": envint("DB_POOL_MAX", 8),
         # a dead database must give a fast 503, not a request that hangs for the pool
-        "timeout": envfloat("DB_POOL_TIMEOUT", 5),
+        "timeout": envfloat("DB_POOL_TIMEOUT", 2),
     },
 )
 DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME") or None}
