@@ -19,6 +19,7 @@ from apps.ingest.models import decode_payload
 from apps.live.services import live_mark_dirty
 from apps.runs.services import RunSeen, events_store, runs_touch, steps_store
 from apps.telemetry.services import health_update, samples_store
+from opsboard.db import server_cursor
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def batch_accept(
 
     Runs in autocommit: when this returns an id, the row is committed, so the batch survives
     a Redis outage or a killed worker (the sweep re-enqueues it)."""
-    with connection.cursor() as cursor:
+    with server_cursor() as cursor:
         cursor.execute(
             "INSERT INTO ingest_inboxbatch"
             " (token_id, batch_id, received_at, payload, payload_encoding)"
@@ -172,15 +173,16 @@ FOR UPDATE OF b SKIP LOCKED
 
 
 def _claim(*, first_id: int | None, limit: int) -> list[tuple]:
-    with connection.cursor() as cursor:
+    with server_cursor() as cursor:
         rows: list[tuple] = []
         if first_id is not None:
-            cursor.execute(_CLAIM_SQL.format(condition="AND b.id = %s"), [first_id, 1])
+            cursor.execute(_CLAIM_SQL.format(condition="AND b.id = %s"), [first_id, 1], binary=True)
             rows = cursor.fetchall()
         if limit > len(rows):
             cursor.execute(
                 _CLAIM_SQL.format(condition="AND b.id <> %s"),
                 [first_id or 0, limit - len(rows)],
+                binary=True,
             )
             rows += cursor.fetchall()
     return rows

@@ -117,10 +117,12 @@ class ClusterModel:
         self._writing: dict[str, list[tuple[float, float]]] = {r.name: [] for r in layout.runs}
         self.lost_at = {node: math.inf for node in layout.nodes}
         for fault in self.of_kind("node-loss"):
-            self.lost_at[fault.node] = min(self.lost_at[fault.node], fault.at)  # type: ignore[index]
+            node = str(fault.node)
+            self.lost_at[node] = min(self.lost_at[node], fault.at)
         self.halt = {run.name: self._halt(run.name) for run in layout.runs}
         for fault in self.of_kind("oom-creep"):
-            if self.halt[fault.run] == (fault.at + fault.param("ramp"), "oom"):  # type: ignore[index]
+            # Only the OOM that stops its run happens (a run dies once).
+            if self.halt[str(fault.run)] == (fault.at + fault.param("ramp"), "oom"):
                 self._schedule_oom(fault)
         for fault in self.of_kind("xid"):
             self._schedule(self._xid_event(fault), (fault.gpu, fault.param("code")))

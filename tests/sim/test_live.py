@@ -11,6 +11,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from datetime import datetime
 
 import httpx
@@ -55,10 +56,13 @@ class Sim:
             *args,
         ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        started = time.monotonic()
         done = subprocess.run(
             command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 0, done.stderr[-3000:]
+        self.wall = time.monotonic() - started
+        self.finished_at = time.time()
         self.summary = json.loads(done.stdout.strip().splitlines()[-1])
         assert self.summary["ok"] and self.summary["steps"] > 0
         self.scenario = json.loads(scenario_path.read_text())
@@ -167,8 +171,11 @@ def test_compute_checkpoint_and_gpu_faults_are_stored_with_their_signatures(
         "shard": "tp0-pp0",
     }
 
+    # 150 simulated seconds at 50x take at least 3 s, and no timestamp is in the future.
+    assert sim.wall >= 3
     # Everything stored lies on the simulated timeline, and every step has all 4 ranks.
     run0 = sim.steps("sim-run-0")
+    assert sim.base + 150 <= sim.finished_at
     assert len(run0) > 100 and all(len(ranks) == 4 for ranks in run0.values())
     assert all(0 < r["t"] <= 150 for ranks in run0.values() for r in ranks.values())
     assert sim.summary["steps"] == sum(map(len, run0.values())) + sum(
