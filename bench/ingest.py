@@ -72,8 +72,11 @@ def make_bodies(sender: int, count: int, base_ts: float) -> list[bytes]:
 
 
 class Senders:
-    def __init__(self, url: str, secret: str, bodies: list[list[bytes]]) -> None:
+    """Concurrent posters; with `rate` (samples/s) they keep to that offered load."""
+
+    def __init__(self, url: str, secret: str, bodies: list[list[bytes]], rate: float) -> None:
         self.url, self.secret, self.bodies = url, secret, bodies
+        self.batch_interval = len(bodies) * 1000 / rate if rate else 0.0
         self.latencies: list[float] = []
         self.accepted = 0
         self.failed = 0
@@ -81,7 +84,10 @@ class Senders:
         self.lock = threading.Lock()
 
     def run(self) -> None:
-        threads = [threading.Thread(target=self._send, args=(bodies,)) for bodies in self.bodies]
+        threads = [
+            threading.Thread(target=self._send, args=(bodies, index / len(self.bodies)))
+            for index, bodies in enumerate(self.bodies)
+        ]
         self.first_post = time.monotonic()
         for thread in threads:
             thread.start()
@@ -89,7 +95,7 @@ class Senders:
             thread.join()
         self.last_post = time.monotonic()
 
-    def _send(self, bodies: list[bytes]) -> None:
+    def _send(self, bodies: list[bytes], phase: float) -> None:
         import httpx
 
         headers = {
@@ -98,7 +104,9 @@ class Senders:
             "Content-Encoding": "gzip",  # as the agent sends
         }
         with httpx.Client(base_url=self.url, timeout=60) as client:
-            for body in bodies:
+            for index, body in enumerate(bodies):
+                due = self.first_post + (index + phase) * self.batch_interval
+                time.sleep(max(0.0, due - time.monotonic()))
                 started = time.monotonic()
                 response = client.post("/api/v1/ingest", content=body, headers=headers)
                 elapsed = time.monotonic() - started
@@ -196,6 +204,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=int(os.environ.get("BENCH_BATCHES", 3000)))
     parser.add_argument("--senders", type=int, default=6)
+    parser.add_argument(
+        "--rate", type=float, default=0, help="offered samples/s (0: as fast as the server answers)"
+    )
     parser.add_argument("--web-workers", type=int, default=3)
     parser.add_argument("--worker-concurrency", type=int, default=2)
     parser.add_argument(
@@ -231,7 +242,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     chart = ChartQuery(stack, secret, base_ts, base_ts + span)
     idle = chart.sample(count=1)  # warm-up
 
-    senders = Senders(stack.url, secret, bodies)
+    senders = Senders(stack.url, secret, bodies, args.rate)
     probe = Probe(stack, secret, cookie, "bench")
     backlog: list[tuple[float, int, int]] = []  # (t, accepted rows, processed rows)
     watch_stop = threading.Event()
@@ -288,6 +299,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     print(
         f"HTTP on {args.http}, senders {args.senders}, web workers {args.web_workers}, "
         f"celery concurrency {args.worker_concurrency}, {total_batches} batches x 1,000 samples, "
+        f"offered {'max' if not args.rate else f'{args.rate:,.0f} samples/s'}, "
         f"{senders.failed} failed posts"
     )
     print(f"accepted        {accepted_rate:12,.0f} samples/s  (202s while posting)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -11,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
 from django.db import connection, transaction
 
 from apps.clusters.models import AgentToken
@@ -18,7 +18,7 @@ from apps.clusters.services import nodes_touch
 from apps.ingest.models import decode_payload
 from apps.live.services import live_mark_dirty
 from apps.runs.services import RunSeen, events_store, runs_touch, steps_store
-from apps.telemetry.services import health_update, samples_store
+from apps.telemetry.services import health_update, samples_group, samples_store
 from opsboard.db import server_cursor
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def inbox_drain(*, first_id: int | None, limit: int) -> DrainResult:
                 ClaimedBatch(
                     cluster_id=row[1],
                     received_at=row[2],
-                    body=json.loads(decode_payload(bytes(row[3]), row[4])),
+                    body=orjson.loads(decode_payload(bytes(row[3]), row[4])),
                 )
                 for row in rows
             ]
@@ -156,8 +156,9 @@ def batches_store(*, batches: list[ClaimedBatch]) -> DrainResult:
             (batch.cluster_id, node_id, run_id, event) for event in batch.body.get("events", ())
         )
     result = DrainResult(nodes={(key[0], node_id) for key, node_id in node_ids.items()})
-    result.samples = samples_store(samples_by_node=samples_by_node)
-    health_update(samples_by_node=samples_by_node)
+    series = samples_group(samples_by_node=samples_by_node)
+    result.samples = samples_store(series=series)
+    health_update(series=series)
     result.steps = steps_store(steps=steps)
     result.events = events_store(events=events)
     return result

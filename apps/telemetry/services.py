@@ -11,12 +11,12 @@ series reads, and a BRIN on t0 for time-range scans and compaction.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -61,31 +61,42 @@ def metric_ids(*, names: Iterable[str]) -> dict[str, int]:
         return dict(cursor.fetchall())
 
 
-def samples_store(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> int:
-    """COPY the samples as one chunk row per series per call; returns the sample count."""
-    ids = metric_ids(names=(s["metric"] for samples in samples_by_node.values() for s in samples))
-    series: dict[tuple[int, int, int], list[tuple[float, float]]] = defaultdict(list)
+Series = dict[tuple[int, str, int], list[tuple[float, float]]]
+
+
+def samples_group(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> Series:
+    """Samples as series: (node id, metric name, gpu) → [(ts, value), …] in time order."""
+    series: Series = defaultdict(list)
     for node_id, samples in samples_by_node.items():
         for sample in samples:
             gpu = sample.get("gpu")
-            key = (node_id, ids[sample["metric"]], HOST_GPU if gpu is None else gpu)
-            series[key].append((sample["ts"], sample["value"]))
+            series[node_id, sample["metric"], HOST_GPU if gpu is None else gpu].append(
+                (sample["ts"], sample["value"])
+            )
+    for points in series.values():
+        points.sort()
+    return series
+
+
+def samples_store(*, series: Series) -> int:
+    """COPY one chunk row per series; returns the sample count."""
     if not series:
         return 0
+    ids = metric_ids(names={metric for _, metric, _ in series})
     count = 0
     with (
         connection.connection.cursor() as cursor,
         cursor.copy(f"COPY telemetry_chunk {CHUNK_COLUMNS} FROM STDIN (FORMAT BINARY)") as copy,
     ):
         copy.set_types(CHUNK_TYPES)
-        for (node_id, metric_id, gpu), points in series.items():
-            points.sort()
+        for (node_id, metric, gpu), points in series.items():
             t0 = points[0][0]
             vals = [float(value) for _, value in points]
+            offsets = [round((ts - t0) * 1000) for ts, _ in points]
             copy.write_row(
                 (
                     node_id,
-                    metric_id,
+                    ids[metric],
                     gpu,
                     to_datetime(t0),
                     to_datetime(points[-1][0]),
@@ -93,7 +104,7 @@ def samples_store(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> int:
                     min(vals),
                     max(vals),
                     sum(vals),
-                    [round((ts - t0) * 1000) for ts, _ in points],
+                    offsets,
                     vals,
                 )
             )
@@ -101,19 +112,14 @@ def samples_store(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> int:
     return count
 
 
-def health_update(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> None:
-    """Merge the newest value of each metric into the node/GPU's latest-health row."""
+def health_update(*, series: Series) -> None:
+    """Merge the newest value of each series into its node/GPU's latest-health row."""
     latest: dict[tuple[int, int], dict[str, Any]] = {}
-    for node_id, samples in samples_by_node.items():
-        for sample in samples:
-            gpu = sample.get("gpu")
-            key = (node_id, HOST_GPU if gpu is None else gpu)
-            entry = latest.setdefault(key, {"ts": sample["ts"], "values": {}, "at": {}})
-            metric = sample["metric"]
-            if sample["ts"] >= entry["at"].get(metric, float("-inf")):
-                entry["values"][metric] = sample["value"]
-                entry["at"][metric] = sample["ts"]
-                entry["ts"] = max(entry["ts"], sample["ts"])
+    for (node_id, metric, gpu), points in series.items():
+        ts, value = points[-1]
+        entry = latest.setdefault((node_id, gpu), {"ts": ts, "values": {}})
+        entry["values"][metric] = value
+        entry["ts"] = max(entry["ts"], ts)
     if not latest:
         return
     rows = [
@@ -131,7 +137,7 @@ def health_update(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> None:
             "    THEN telemetry_nodehealth.values || EXCLUDED.values"
             "    ELSE EXCLUDED.values || telemetry_nodehealth.values END,"
             "  ts = GREATEST(telemetry_nodehealth.ts, EXCLUDED.ts)",
-            [json.dumps(rows)],
+            [orjson.dumps(rows).decode()],
         )
 
 

@@ -8,7 +8,7 @@ from django.db import connection
 
 from apps.clusters.models import Cluster, Node
 from apps.telemetry.selectors import chunk_storage, metric_id_get, series_read
-from apps.telemetry.services import chunks_compact, samples_store
+from apps.telemetry.services import chunks_compact, samples_group, samples_store
 
 pytestmark = pytest.mark.django_db
 
@@ -28,7 +28,7 @@ def store_batches(node, start: float, batches: int, per_batch: int, gpus: int = 
             for t in range(batch * per_batch, (batch + 1) * per_batch)
             for gpu in range(gpus)
         ]
-        samples_store(samples_by_node={node.id: samples})
+        samples_store(series=samples_group(samples_by_node={node.id: samples}))
 
 
 def test_raw_reads_return_every_point_in_order_within_the_range(node):
@@ -105,6 +105,6 @@ def test_a_late_batch_is_merged_into_its_sealed_window(node):
     late = [
         {"ts": start + 400 + t, "metric": "gpu.util", "gpu": 0, "value": 1.0} for t in range(10)
     ]
-    samples_store(samples_by_node={node.id: late})
+    samples_store(series=samples_group(samples_by_node={node.id: late}))
     chunks_compact(now=datetime.now(tz=UTC), lookback_windows=30)
     assert chunk_storage() == {"bytes": chunk_storage()["bytes"], "samples": 310, "rows": 1}
