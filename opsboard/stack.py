@@ -1,9 +1,10 @@
 """Start the whole stack in the foreground: `python -m opsboard.stack run|demo`.
 
 Resolves Postgres and Redis (DATABASE_URL / REDIS_URL, or the embedded default under
-./var/), migrates, collects static files, then runs the ASGI server (127.0.0.1:8000),
-a Celery worker, Celery beat, the live publisher and, for `demo`, a feeder that posts
-realistic batches through the HTTP API. Ctrl-C stops everything it started.
+./var/), migrates, collects static files, then runs gunicorn for HTTP (127.0.0.1:8000),
+uvicorn for websockets (8001), a Celery worker, Celery beat, the live publisher and, for
+`demo`, the cluster simulator posting through the real agent code. Children that exit are
+restarted (as a supervisor would); Ctrl-C stops everything it started.
 """
 
 from __future__ import annotations
@@ -145,14 +146,49 @@ def processes(environment: dict[str, str], args: argparse.Namespace) -> dict[str
         beat_schedule=var / "celerybeat-schedule",
     )
     if args.command == "demo":
-        commands["feeder"] = [
-            sys.executable,
-            "manage.py",
-            "demo_feed",
-            "--server",
-            f"http://{args.host}:{args.port}",
-        ]
+        commands["simulator"] = simulator_command(environment, args, var)
     return commands
+
+
+def simulator_command(
+    environment: dict[str, str], args: argparse.Namespace, var: Path
+) -> list[str]:
+    """The cluster simulator (real agent code) feeding a demo cluster in real time: 8 nodes
+    × 8 GPUs, two runs, one rank turning into a straggler after two minutes."""
+    token_file = var / "demo-token"
+    token_file.write_text(
+        manage(environment, "issue_token", "demo", "--name", "simulator", capture=True).strip()
+    )
+    token_file.chmod(0o600)
+    return [
+        sys.executable,
+        "-m",
+        "opsboard_agent.sim",
+        "--server",
+        f"http://{args.host}:{args.port}",
+        "--token-file",
+        str(token_file),
+        "--prefix",
+        "demo",
+        "--nodes",
+        "8",
+        "--gpus",
+        "8",
+        "--runs",
+        "2",
+        "--seed",
+        "1",
+        "--duration",
+        str(6 * 24 * 3600),
+        "--speed",
+        "1",
+        "--interval",
+        "1",
+        "--fault",
+        "straggler:rank=13,at=120,factor=1.35",
+        "--spool-dir",
+        str(var / "demo-spool"),
+    ]
 
 
 def wait_for_http(url: str, give_up: Callable[[], bool], timeout: float = 90) -> bool:

@@ -157,12 +157,14 @@ class Reporter:
         tokens: int | None = None,
         loss: Any = None,
         step_time: float | None = None,
+        ts: float | None = None,
         **fields: Any,
     ) -> None:
         """Record the step report of this rank: the phase times since the previous
-        `step()`, the corruption checks recorded since, and `fields`. `step_time` defaults
-        to the wall time since the previous call (the phase sum for the first). A tensor
-        `loss` is read with `.item()`, which synchronises with the device."""
+        `step()`, the corruption checks recorded since, and `fields` (explicit phase times
+        win over the timers). `step_time` defaults to the wall time since the previous call
+        (the phase sum for the first); `ts` to now (the simulator passes simulated time). A
+        tensor `loss` is read with `.item()`, which synchronises with the device."""
         now = time.perf_counter()
         times = self._times
         if step_time is None:
@@ -173,7 +175,7 @@ class Reporter:
             )
         self._last_step_at = now
         record: dict[str, Any] = {
-            "ts": time.time(),
+            "ts": time.time() if ts is None else ts,
             "rank": self.rank,
             "step": step,
             "step_time": step_time,
@@ -228,17 +230,20 @@ class Reporter:
 
     # -- events and samples --------------------------------------------------------------
 
-    def event(self, kind: str, **fields: Any) -> None:
+    def event(self, kind: str, *, ts: float | None = None, **fields: Any) -> None:
+        """Record an event of the contract (`ts` defaults to now)."""
         record: Event = {
-            "ts": time.time(),
+            "ts": time.time() if ts is None else ts,
             "kind": kind,
             **{k: v for k, v in fields.items() if v is not None},
         }
         if self.shipper is not None:
             self.shipper.add(events=(record,))
 
-    def sample(self, metric: str, value: float, gpu: int | None = None) -> None:
-        record = sample(time.time(), metric, value, gpu)
+    def sample(
+        self, metric: str, value: float, gpu: int | None = None, *, ts: float | None = None
+    ) -> None:
+        record = sample(time.time() if ts is None else ts, metric, value, gpu)
         if record is not None and self.shipper is not None:
             self.shipper.add(samples=(record,))
 

@@ -58,6 +58,24 @@ def test_it_times_phases_and_reports_a_contract_step(reporter):
     assert "h2d_time" not in first and "data_time" not in second
 
 
+def test_an_explicit_ts_and_phase_times_are_sent_as_given(reporter):
+    with reporter.phase("compute"):
+        time.sleep(0.001)
+    reporter.step(7, ts=1_700_000_000.5, step_time=0.8, compute_time=0.6, comm_wait=0.15)
+    reporter.event("restart", ts=1_700_000_001.0)
+    reporter.sample("agent.x", 1.0, ts=1_700_000_002.0)
+    batches = spooled(reporter)
+    (step,) = [s for b in batches for s in b.get("steps", [])]
+    assert (step["ts"], step["step_time"], step["compute_time"], step["comm_wait"]) == (
+        1_700_000_000.5,
+        0.8,
+        0.6,
+        0.15,
+    )
+    assert [e["ts"] for b in batches for e in b.get("events", [])] == [1_700_000_001.0]
+    assert 1_700_000_002.0 in [x["ts"] for b in batches for x in b.get("samples", [])]
+
+
 def test_it_reports_checkpoints_in_two_phases_and_ooms(reporter):
     with reporter.checkpointing(100, "local", path="/ckpt/100") as info:
         info["bytes"] = 1234
