@@ -9,6 +9,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,agent]'
+	# torch only for the training-loop tests (this pin is the CPU build these machines carry)
+	$(PY) -m pip install -q 'torch==2.13.0'
 	touch $@
 
 install: $(VENV)/.installed
@@ -19,9 +21,12 @@ demo: install
 run: install
 	$(PY) -m opsboard.stack run
 
+# Tests serve plain HTTP on loopback: no HTTPS redirect or secure-only cookies there.
+TEST_ENV := SECURE_SSL_REDIRECT=false SESSION_COOKIE_SECURE=false CSRF_COOKIE_SECURE=false
+
 test: install
 	$(PY) manage.py collectstatic --noinput -v 0
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "apps.telemetry",
     "apps.ingest",
     "apps.live",
+    "apps.alerts",
 ]
 
 MIDDLEWARE = [
@@ -162,6 +163,27 @@ CELERY_BEAT_SCHEDULE = {
     "inbox-sweep": {"task": "ingest.inbox_sweep", "schedule": INGEST_SWEEP_INTERVAL},
     "chunks-compact": {"task": "telemetry.chunks_compact", "schedule": 60.0},
 }
+# --- Alerts ------------------------------------------------------------------------------
+# Detectors run over every active cluster this often (a Celery beat task, never on a request).
+ALERT_EVALUATE_INTERVAL = envfloat("ALERT_EVALUATE_INTERVAL", 5.0)
+CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {
+    "task": "alerts.evaluate_all",
+    "schedule": ALERT_EVALUATE_INTERVAL,
+    # a late evaluation is worthless once the next one is due: do not let them pile up
+    "options": {"expires": ALERT_EVALUATE_INTERVAL},
+}
+# An open alert resolves once its condition has been clear this long (heartbeat: at once).
+ALERT_HOLD_DOWN_S = envfloat("ALERT_HOLD_DOWN_S", 60.0)
+# The detectors' window: the last N steps of every rank, recent telemetry and events.
+ALERT_STEP_WINDOW = envint("ALERT_STEP_WINDOW", 120)
+ALERT_TELEMETRY_WINDOW_S = envfloat("ALERT_TELEMETRY_WINDOW_S", 600.0)
+ALERT_EVENT_WINDOW_S = envfloat("ALERT_EVENT_WINDOW_S", 900.0)
+# Clusters (and runs) with no data for this long are not evaluated (their open alerts are).
+ALERT_IDLE_S = envfloat("ALERT_IDLE_S", 3600.0)
+# Outgoing webhooks: attempts in all, first retry after up to BACKOFF seconds, then doubling.
+ALERT_WEBHOOK_ATTEMPTS = envint("ALERT_WEBHOOK_ATTEMPTS", 5)
+ALERT_WEBHOOK_BACKOFF_S = envint("ALERT_WEBHOOK_BACKOFF_S", 2)
+ALERT_WEBHOOK_TIMEOUT_S = envfloat("ALERT_WEBHOOK_TIMEOUT_S", 5.0)
 
 # --- Ingest ------------------------------------------------------------------------------
 INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024)

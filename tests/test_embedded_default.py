@@ -27,8 +27,9 @@ def embedded_env(var_dir) -> dict[str, str]:
 
 
 def start_stack(env, port, log):
+    command = [sys.executable, "-m", "opsboard.stack", "run", "--port", str(port)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "opsboard.stack", "run", "--port", str(port)],
+        [*command, "--ws-port", str(free_port())],
         cwd=ROOT,
         env=env,
         stdout=log,

@@ -1,0 +1,36 @@
+from django.db import models
+
+
+class AlertState(models.TextChoices):
+    FIRING = "firing"
+    ACKNOWLEDGED = "acknowledged"
+    RESOLVED = "resolved"
+
+
+OPEN_STATES = (AlertState.FIRING, AlertState.ACKNOWLEDGED)
+
+
+class Severity(models.TextChoices):
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+SEVERITY_RANK = {Severity.WARNING: 0, Severity.CRITICAL: 1}
+
+
+class AlertEvent(models.TextChoices):
+    """What happened to an alert: the event name of broadcasts, webhooks and the audit trail."""
+
+    OPENED = "opened"
+    ESCALATED = "escalated"
+    ACKNOWLEDGED = "acknowledged"
+    RESOLVED = "resolved"
+
+
+# Events that are sent to webhooks (an acknowledgement is an operator's own action).
+WEBHOOK_EVENTS = (AlertEvent.OPENED, AlertEvent.ESCALATED, AlertEvent.RESOLVED)
+
+
+class WebhookFormat(models.TextChoices):
+    GENERIC = "generic", "generic JSON"
+    SLACK = "slack", "Slack-compatible"

@@ -1,0 +1,107 @@
+from django.conf import settings
+from django.db import models
+
+from apps.alerts.choices import AlertEvent, AlertState, Severity, WebhookFormat
+from apps.clusters.models import Cluster, Node
+from apps.runs.models import Run
+
+
+class Alert(models.Model):
+    """A condition a detector saw, from the first finding until it has been clear a while.
+
+    At most one open (firing or acknowledged) alert per (cluster, kind, subject); a condition
+    that returns after its alert resolved opens a new one."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="alerts")
+    kind = models.CharField(max_length=32)
+    subject = models.CharField(max_length=255, help_text="the finding's stable key")
+    severity = models.CharField(max_length=16, choices=Severity.choices)
+    state = models.CharField(max_length=16, choices=AlertState.choices, default=AlertState.FIRING)
+    run = models.ForeignKey(Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    node = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    rank = models.IntegerField(null=True, blank=True)
+    gpu = models.IntegerField(null=True, blank=True)
+    summary = models.TextField()
+    evidence = models.JSONField(default=dict, blank=True)
+    opened_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField(help_text="the last time a detector saw the condition")
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    ack_note = models.TextField(blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "kind", "subject"],
+                condition=~models.Q(state=AlertState.RESOLVED),
+                name="alert_one_open_per_subject",
+            )
+        ]
+        indexes = [models.Index(fields=["cluster", "-opened_at"], name="alert_cluster_opened")]
+        permissions = [("acknowledge_alert", "Can acknowledge alerts")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.subject} ({self.state})"
+
+
+class AuditEntry(models.Model):
+    """Who did what to an alert, when, and why (acknowledgements and their notes)."""
+
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="audit")
+    action = models.CharField(max_length=16, choices=AlertEvent.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    note = models.TextField(blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.action} of alert {self.alert_id} by {self.actor_id}"
+
+
+class WebhookEndpoint(models.Model):
+    """Where a cluster's alert changes (opened, escalated, resolved) are posted."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="webhooks")
+    url = models.URLField(max_length=500)
+    format = models.CharField(
+        max_length=16, choices=WebhookFormat.choices, default=WebhookFormat.GENERIC
+    )
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.cluster} → {self.url}"
+
+
+class WebhookDelivery(models.Model):
+    """One alert change to send to one endpoint; the body is fixed when the change commits."""
+
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="+")
+    event = models.CharField(max_length=16, choices=AlertEvent.choices)
+    payload = models.JSONField()
+    attempts = models.IntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "webhook deliveries"
+
+    def __str__(self) -> str:
+        return f"{self.event} of alert {self.alert_id} to {self.endpoint_id}"

@@ -1,0 +1,120 @@
+"""Small pure helpers the detectors share: statistics, grouping, subjects, sustained runs."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+
+from detectors.types import ClusterWindow, EventRow, RunWindow, Series, StepRow
+
+
+def median(values: Iterable[float]) -> float:
+    return statistics.median(values if isinstance(values, list) else list(values))
+
+
+def rel_diff(a: float, b: float) -> float:
+    """|a − b| relative to the larger magnitude (0 when both are 0)."""
+    scale = max(abs(a), abs(b))
+    return abs(a - b) / scale if scale > 1e-300 else 0.0
+
+
+def pct(share: float) -> str:
+    """0.314 → '31%'."""
+    return f"{share * 100:.0f}%"
+
+
+def by_step(steps: Iterable[StepRow]) -> dict[int, list[StepRow]]:
+    """Rows grouped by step number (insertion order = the window's order)."""
+    out: dict[int, list[StepRow]] = defaultdict(list)
+    for row in steps:
+        out[row.step].append(row)
+    return out
+
+
+def compute_of(row: StepRow) -> float | None:
+    """The rank's own work in a step: compute_time, else step_time − comm_wait (what is
+    left once the time blocked in collectives is taken out)."""
+    if row.compute_time is not None:
+        return row.compute_time
+    if row.comm_wait is not None:
+        return row.step_time - row.comm_wait
+    return None
+
+
+def comm_of(row: StepRow) -> float | None:
+    """Time blocked in collectives: comm_wait, else what the other parts leave of the step."""
+    if row.comm_wait is not None:
+        return row.comm_wait
+    parts = (row.data_time, row.h2d_time, row.compute_time)
+    if all(p is not None for p in parts):
+        return row.step_time - sum(p for p in parts if p is not None)
+    return None
+
+
+def rank_nodes(run: RunWindow) -> dict[int, str]:
+    """rank → node: the window's map, completed from the step rows."""
+    out = dict(run.rank_nodes)
+    for row in run.steps:
+        out.setdefault(row.rank, row.node)
+    return out
+
+
+def node_runs(window: ClusterWindow) -> dict[str, str]:
+    """node → the run it serves (the last run in the window that names it)."""
+    out: dict[str, str] = {}
+    for run in window.runs:
+        for node in set(rank_nodes(run).values()):
+            out[node] = run.run
+    return out
+
+
+def series_index(window: ClusterWindow) -> dict[tuple[str, int | None, str], Series]:
+    """(node, gpu, metric) → its series."""
+    return {(s.node, s.gpu, s.metric): s for s in window.telemetry}
+
+
+def trailing_since(
+    points: Sequence[tuple[float, float]], condition: Callable[[float], bool]
+) -> float | None:
+    """The time of the first point of the newest unbroken run of points that meet
+    `condition`; None when the newest point does not."""
+    since = None
+    for ts, value in reversed(points):
+        if not condition(value):
+            break
+        since = ts
+    return since
+
+
+def unique_events(window: ClusterWindow, kind: str) -> list[tuple[str | None, EventRow]]:
+    """(run, event) for the events of `kind` from the cluster and its runs, each once (a run
+    event may also be in the cluster's list), oldest first; run from the event or its run."""
+    seen: dict[tuple[float, str, int | None, int | None], int] = {}
+    out: list[tuple[str | None, EventRow]] = []
+    every = [(e.run, e) for e in window.events]
+    every += [(e.run or run.run, e) for run in window.runs for e in run.events]
+    for run, event in sorted(every, key=lambda pair: pair[1].ts):
+        if event.kind != kind:
+            continue
+        key = (event.ts, event.node, event.rank, event.gpu)
+        if key in seen:
+            index = seen[key]
+            if out[index][0] is None:
+                out[index] = (run, event)
+            continue
+        seen[key] = len(out)
+        out.append((run, event))
+    return out
+
+
+def run_subject(run: str, rank: int | None = None, node: str | None = None) -> str:
+    if rank is not None:
+        return f"run:{run}/rank:{rank}"
+    if node is not None:
+        return f"run:{run}/node:{node}"
+    return f"run:{run}"
+
+
+def node_subject(node: str, gpu: int | None = None) -> str:
+    return f"node:{node}" if gpu is None else f"node:{node}/gpu:{gpu}"

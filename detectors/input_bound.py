@@ -1,0 +1,163 @@
+"""Input bound: training waits for data rather than computing.
+
+Two signals: the step reports' (data_time + h2d_time) share of the step, median over the
+last `input_steps` steps of a node's ranks; and the host's CPUs saturated while its GPUs
+idle, sustained. The finding says which stage dominates: loading (waiting for the data
+loader) or staging (host-to-device copies).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from detectors.common import (
+    by_step,
+    median,
+    node_runs,
+    node_subject,
+    pct,
+    rank_nodes,
+    run_subject,
+    series_index,
+    trailing_since,
+)
+from detectors.config import DEFAULT_CONFIG, DetectorConfig
+from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
+
+
+def detect(
+    window: ClusterWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG
+) -> list[Finding]:
+    """Warnings: one per input-bound node of a run (`run:<run>/node:<n>`), or one for the run
+    (`run:<run>`) when all its nodes are; a node whose host alone shows it (CPU busy, GPUs
+    idle) gets `node:<n>`. Evidence: the shares of the step, the dominant stage, host
+    utilisation when known."""
+    hosts = _host_starved(window, config)
+    findings: list[Finding] = []
+    covered: set[str] = set()
+    for run in window.runs:
+        found = _from_steps(run, config)
+        nodes = sorted(found)
+        all_nodes = set(rank_nodes(run).values())
+        if nodes and set(nodes) == all_nodes and len(nodes) > 1:
+            merged = {"nodes": nodes, **_merge([found[n] for n in nodes])}
+            findings.append(_finding(run.run, None, merged, hosts))
+        else:
+            findings += [_finding(run.run, n, found[n], hosts) for n in nodes]
+        covered.update(nodes)
+    runs_of = node_runs(window)
+    for node in sorted(hosts.keys() - covered):
+        host = hosts[node]
+        findings.append(
+            Finding(
+                kind="input_bound",
+                subject=node_subject(node),
+                severity="warning",
+                summary=(
+                    f"{node}'s CPUs are {host['host_cpu_util']:.0f}% busy while its GPUs are "
+                    f"{host['gpu_util']:.0f}% utilised: the input pipeline is CPU-bound"
+                ),
+                run=runs_of.get(node),
+                node=node,
+                evidence={"node": node, **host},
+                since=host["since"],
+            )
+        )
+    return findings
+
+
+def _from_steps(run: RunWindow, config: DetectorConfig) -> dict[str, dict[str, Any]]:
+    """node → evidence, for the nodes whose ranks wait for input too much of the step."""
+    rows_of: dict[str, list[StepRow]] = defaultdict(list)
+    for row in run.steps:
+        if row.data_time is not None or row.h2d_time is not None:
+            rows_of[row.node].append(row)
+    out: dict[str, dict[str, Any]] = {}
+    for node, rows in rows_of.items():
+        steps = by_step(rows)
+        recent = sorted(steps)[-config.input_steps :]
+        if len(recent) < config.input_steps:
+            continue
+        data, h2d = [], []
+        for number in recent:
+            group = [r for r in steps[number] if r.step_time > 0]
+            if group:
+                data.append(median([(r.data_time or 0.0) / r.step_time for r in group]))
+                h2d.append(median([(r.h2d_time or 0.0) / r.step_time for r in group]))
+        if not data:
+            continue
+        share = median([d + h for d, h in zip(data, h2d, strict=True)])
+        if share >= config.input_share:
+            out[node] = {
+                "input_share": round(share, 4),
+                "data_share": round(median(data), 4),
+                "h2d_share": round(median(h2d), 4),
+                "steps": len(recent),
+                "since_step": recent[0],
+                "since": min(r.ts for r in steps[recent[0]]),
+            }
+    return out
+
+
+def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("input_share", "data_share", "h2d_share")
+    merged = {k: round(median([p[k] for p in parts]), 4) for k in keys}
+    merged.update(steps=min(p["steps"] for p in parts), since=min(p["since"] for p in parts))
+    merged["since_step"] = min(p["since_step"] for p in parts)
+    return merged
+
+
+def _host_starved(window: ClusterWindow, config: DetectorConfig) -> dict[str, dict[str, Any]]:
+    """node → host evidence, for nodes whose CPUs stay busy while most GPUs idle."""
+    index = series_index(window)
+    gpus: dict[str, list[tuple[tuple[float, float], ...]]] = defaultdict(list)
+    for series in window.telemetry:
+        if series.metric == "gpu.util" and series.gpu is not None and series.points:
+            gpus[series.node].append(series.points)
+    out: dict[str, dict[str, Any]] = {}
+    for node, utils in gpus.items():
+        cpu = index.get((node, None, "host.cpu_util"))
+        if cpu is None or not cpu.points:
+            continue
+        end = cpu.points[-1][0]
+        busy_since = trailing_since(cpu.points, lambda v: v > config.input_cpu_util)
+        if busy_since is None or end - busy_since < config.input_sustain_s:
+            continue
+        idle = [trailing_since(p, lambda v: v < config.input_gpu_util) for p in utils]
+        long_idle = [s for s, p in zip(idle, utils, strict=True) if s and p[-1][0] - s >= config.input_sustain_s]
+        if len(long_idle) * 2 <= len(utils):
+            continue
+        out[node] = {
+            "host_cpu_util": round(cpu.points[-1][1], 1),
+            "gpu_util": round(median([p[-1][1] for p in utils]), 1),
+            "gpus_idle": len(long_idle),
+            "gpus": len(utils),
+            "since": max(busy_since, min(long_idle)),
+        }
+    return out
+
+
+def _finding(
+    run: str, node: str | None, found: dict[str, Any], hosts: dict[str, dict[str, Any]]
+) -> Finding:
+    loading = found["data_share"] >= found["h2d_share"]
+    stage = "loading" if loading else "staging"
+    why = "the data loader cannot keep up" if loading else "host-to-device copies are slow"
+    evidence: dict[str, Any] = {"stage": stage, **found}
+    if node is not None and node in hosts:
+        evidence["host"] = hosts[node]
+    who = f"{node}'s ranks" if node else f"every node of {run}"
+    return Finding(
+        kind="input_bound",
+        subject=run_subject(run, node=node),
+        severity="warning",
+        summary=(
+            f"{who} wait for input {pct(found['input_share'])} of each step, mostly {stage}: "
+            f"{why}"
+        ),
+        run=run,
+        node=node,
+        evidence=evidence,
+        since=found["since"],
+    )

@@ -1,0 +1,164 @@
+"""Silent data corruption: a rank whose checksums or canary disagree with its replicas.
+
+Ranks holding the same shard (all ranks when no shard is reported) must agree: the gradient
+checksum after all-reduce and the parameter checksum bit for bit, the canary (local gradients
+of a fixed probe batch) within a relative tolerance. At each checked step the minority of a
+group is suspect; which evidence disagreed says what went wrong.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from detectors.common import median, rank_nodes, rel_diff, run_subject
+from detectors.config import DEFAULT_CONFIG, DetectorConfig
+from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
+
+CAUSES = {
+    "param_checksum": "the replica's weights were corrupted",
+    "canary": "the GPU computes wrong gradients",
+    "grad_checksum": "corruption after the reduction",
+}
+
+
+@dataclass
+class _Suspect:
+    shard: str | None
+    steps: set[int] = field(default_factory=set)
+    fields: Counter[str] = field(default_factory=Counter)
+    ambiguous_only: bool = True
+    peers: set[int] = field(default_factory=set)
+    first_ts: float = float("inf")
+    checked: set[int] = field(default_factory=set)
+
+
+def detect(
+    window: ClusterWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG
+) -> list[Finding]:
+    """`sdc` findings of every run of the window (see `detect_run`)."""
+    return [f for run in window.runs for f in detect_run(run, now, config)]
+
+
+def detect_run(run: RunWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """One finding per suspect rank (`run:<run>/rank:<r>`): critical when it disagreed at
+    `sdc_critical_checks` or more checked steps; both ranks of a split with no majority are
+    reported as ambiguous."""
+    groups: dict[tuple[int, str | None], dict[int, StepRow]] = defaultdict(dict)
+    for row in run.steps:
+        if row.grad_checksum or row.param_checksum or row.canary_norm is not None:
+            groups[(row.step, row.shard)][row.rank] = row
+    suspects: dict[int, _Suspect] = {}
+    for (step, shard), rows in groups.items():
+        if len(rows) < 2:
+            continue
+        verdicts = (
+            ("grad_checksum", _minority_exact({r: x.grad_checksum for r, x in rows.items()})),
+            ("param_checksum", _minority_exact({r: x.param_checksum for r, x in rows.items()})),
+            ("canary", _minority_canary(rows, config.sdc_canary_rtol)),
+        )
+        for name, (odd, ambiguous) in verdicts:
+            for rank in odd:
+                suspect = suspects.setdefault(rank, _Suspect(shard))
+                suspect.steps.add(step)
+                suspect.fields[name] += 1
+                suspect.first_ts = min(suspect.first_ts, rows[rank].ts)
+                if ambiguous:
+                    suspect.peers.update(r for r in odd if r != rank)
+                else:
+                    suspect.ambiguous_only = False
+    if not suspects:
+        return []
+    for (step, _), rows in groups.items():
+        for rank in rows.keys() & suspects.keys():
+            suspects[rank].checked.add(step)
+    nodes = rank_nodes(run)
+    return [_finding(run.run, r, nodes.get(r), suspects[r], config) for r in sorted(suspects)]
+
+
+def _minority_exact(values: Mapping[int, str | None]) -> tuple[list[int], bool]:
+    """(ranks outside the strict majority, False), or every rank and True when there is no
+    majority (a split 1–1 cannot say which side is wrong)."""
+    present = {rank: v for rank, v in values.items() if v}
+    if len(present) < 2:
+        return [], False
+    top, count = Counter(present.values()).most_common(1)[0]
+    if count == len(present):
+        return [], False
+    if count * 2 > len(present):
+        return [rank for rank, v in present.items() if v != top], False
+    return list(present), True
+
+
+def _minority_canary(rows: Mapping[int, StepRow], rtol: float) -> tuple[list[int], bool]:
+    """Like `_minority_exact` for canaries: a rank agrees when its norm and projections are
+    within `rtol` of the group's component-wise median (the majority's value)."""
+    prints = {
+        rank: (row.canary_norm, *(row.canary_proj or ()))
+        for rank, row in rows.items()
+        if row.canary_norm is not None
+    }
+    if len(prints) < 2:
+        return [], False
+    if len(prints) == 2:
+        (ra, a), (rb, b) = prints.items()
+        return ([ra, rb], True) if not _agree(a, b, rtol) else ([], False)
+    width = Counter(len(p) for p in prints.values()).most_common(1)[0][0]
+    reference = tuple(median([p[i] for p in prints.values() if len(p) > i]) for i in range(width))
+    odd = [rank for rank, p in prints.items() if not _agree(p, reference, rtol)]
+    if not odd:
+        return [], False
+    if (len(prints) - len(odd)) * 2 > len(prints):
+        return odd, False
+    return list(prints), True
+
+
+def _agree(a: tuple[float, ...], b: tuple[float, ...], rtol: float) -> bool:
+    return len(a) == len(b) and all(rel_diff(x, y) <= rtol for x, y in zip(a, b, strict=True))
+
+
+def _finding(
+    run: str, rank: int, node: str | None, suspect: _Suspect, config: DetectorConfig
+) -> Finding:
+    # The most telling evidence names the cause: diverged weights explain everything else;
+    # a wrong canary with equal weights points at the GPU's arithmetic.
+    cause_field = next(f for f in ("param_checksum", "canary", "grad_checksum") if suspect.fields[f])
+    cause = CAUSES[cause_field]
+    where = f" on {node}" if node else ""
+    shard = f" of shard {suspect.shard}" if suspect.shard else ""
+    checks = len(suspect.steps)
+    disagreed = ", ".join(f.replace("_", " ") for f in sorted(suspect.fields))
+    if suspect.ambiguous_only:
+        peers = ", ".join(f"rank {p}" for p in sorted(suspect.peers)) or "its peers"
+        summary = (
+            f"rank {rank}{where}{shard} and {peers} disagree ({disagreed}) with no majority "
+            f"at {checks} check(s): one of them is corrupt ({cause}?)"
+        )
+    else:
+        summary = (
+            f"rank {rank}{where}{shard} disagrees with its replicas ({disagreed}) at "
+            f"{checks} check(s): {cause}"
+        )
+    return Finding(
+        kind="sdc",
+        subject=run_subject(run, rank=rank),
+        severity="critical" if checks >= config.sdc_critical_checks else "warning",
+        summary=summary,
+        run=run,
+        node=node,
+        rank=rank,
+        evidence={
+            "rank": rank,
+            "node": node,
+            "shard": suspect.shard,
+            "cause": cause,
+            "disagreed": dict(sorted(suspect.fields.items())),
+            "checks_disagreed": checks,
+            "checks_seen": len(suspect.checked),
+            "steps": sorted(suspect.steps)[-10:],
+            "ambiguous": suspect.ambiguous_only,
+            "peers": sorted(suspect.peers),
+        },
+        since=suspect.first_ts,
+    )
