@@ -5,8 +5,11 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 from detectors.types import ClusterWindow, EventRow, RunWindow, Series, StepRow
+
+T = TypeVar("T")
 
 
 def median(values: Iterable[float]) -> float:
@@ -24,12 +27,35 @@ def pct(share: float) -> str:
     return f"{share * 100:.0f}%"
 
 
+# Several detectors group the same run's rows (a 1,024-rank window holds ~60k), so the
+# few most recent results are kept per (function, tuple). An entry holds the tuple itself,
+# so its id cannot be reused while cached; results are shared and must not be changed.
+_MEMO: dict[tuple[str, int], tuple[object, object]] = {}
+_MEMO_SIZE = 16
+
+
+def _memo(name: str, key: tuple[StepRow, ...], build: Callable[[], T]) -> T:
+    hit = _MEMO.get((name, id(key)))
+    if hit is not None and hit[0] is key:
+        return hit[1]  # type: ignore[return-value]
+    value = build()
+    if len(_MEMO) >= _MEMO_SIZE:
+        _MEMO.pop(next(iter(_MEMO)))
+    _MEMO[(name, id(key))] = (key, value)
+    return value
+
+
 def by_step(steps: Iterable[StepRow]) -> dict[int, list[StepRow]]:
-    """Rows grouped by step number (insertion order = the window's order)."""
-    out: dict[int, list[StepRow]] = defaultdict(list)
-    for row in steps:
-        out[row.step].append(row)
-    return out
+    """Rows grouped by step number, in the window's order. Do not change the result: for a
+    tuple it may be shared."""
+
+    def build() -> dict[int, list[StepRow]]:
+        out: dict[int, list[StepRow]] = defaultdict(list)
+        for row in steps:
+            out[row.step].append(row)
+        return dict(out)
+
+    return _memo("by_step", steps, build) if isinstance(steps, tuple) else build()
 
 
 def compute_of(row: StepRow) -> float | None:
@@ -53,11 +79,12 @@ def comm_of(row: StepRow) -> float | None:
 
 
 def rank_nodes(run: RunWindow) -> dict[int, str]:
-    """rank → node: the window's map, completed from the step rows."""
-    out = dict(run.rank_nodes)
-    for row in run.steps:
-        out.setdefault(row.rank, row.node)
-    return out
+    """rank → node: the window's map, completed from the step rows (a fresh dict)."""
+
+    def from_rows() -> dict[int, str]:
+        return {row.rank: row.node for row in run.steps}
+
+    return {**_memo("rank_nodes", run.steps, from_rows), **run.rank_nodes}
 
 
 def node_runs(window: ClusterWindow) -> dict[str, str]:

@@ -69,19 +69,28 @@ def detect(
 
 def _from_steps(run: RunWindow, config: DetectorConfig) -> dict[str, dict[str, Any]]:
     """node → evidence, for the nodes whose ranks wait for input too much of the step."""
+    steps = by_step(run.steps)
+    recent = sorted(steps)[-config.input_steps :]
+    if len(recent) < config.input_steps:
+        return {}
+    rows = [r for n in recent for r in steps[n] if r.step_time > 0]
+    # No single report over the share: no node's median can be either.
+    if all(
+        (r.data_time or 0.0) + (r.h2d_time or 0.0) < config.input_share * r.step_time for r in rows
+    ):
+        return {}
     rows_of: dict[str, list[StepRow]] = defaultdict(list)
-    for row in run.steps:
+    for row in rows:
         if row.data_time is not None or row.h2d_time is not None:
             rows_of[row.node].append(row)
     out: dict[str, dict[str, Any]] = {}
-    for node, rows in rows_of.items():
-        steps = by_step(rows)
-        recent = sorted(steps)[-config.input_steps :]
-        if len(recent) < config.input_steps:
-            continue
+    for node, node_rows in rows_of.items():
+        mine: dict[int, list[StepRow]] = defaultdict(list)
+        for row in node_rows:
+            mine[row.step].append(row)
         data, h2d = [], []
         for number in recent:
-            group = [r for r in steps[number] if r.step_time > 0]
+            group = mine.get(number)
             if group:
                 data.append(median([(r.data_time or 0.0) / r.step_time for r in group]))
                 h2d.append(median([(r.h2d_time or 0.0) / r.step_time for r in group]))
@@ -95,7 +104,7 @@ def _from_steps(run: RunWindow, config: DetectorConfig) -> dict[str, dict[str, A
                 "h2d_share": round(median(h2d), 4),
                 "steps": len(recent),
                 "since_step": recent[0],
-                "since": min(r.ts for r in steps[recent[0]]),
+                "since": min(r.ts for r in node_rows),
             }
     return out
 
@@ -125,7 +134,11 @@ def _host_starved(window: ClusterWindow, config: DetectorConfig) -> dict[str, di
         if busy_since is None or end - busy_since < config.input_sustain_s:
             continue
         idle = [trailing_since(p, lambda v: v < config.input_gpu_util) for p in utils]
-        long_idle = [s for s, p in zip(idle, utils, strict=True) if s and p[-1][0] - s >= config.input_sustain_s]
+        long_idle = [
+            s
+            for s, p in zip(idle, utils, strict=True)
+            if s and p[-1][0] - s >= config.input_sustain_s
+        ]
         if len(long_idle) * 2 <= len(utils):
             continue
         out[node] = {
@@ -153,8 +166,7 @@ def _finding(
         subject=run_subject(run, node=node),
         severity="warning",
         summary=(
-            f"{who} wait for input {pct(found['input_share'])} of each step, mostly {stage}: "
-            f"{why}"
+            f"{who} wait for input {pct(found['input_share'])} of each step, mostly {stage}: {why}"
         ),
         run=run,
         node=node,

@@ -41,7 +41,9 @@ def detect(
     return [f for run in window.runs for f in detect_run(run, now, config)]
 
 
-def detect_run(run: RunWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG) -> list[Finding]:
+def detect_run(
+    run: RunWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG
+) -> list[Finding]:
     """One finding per suspect rank (`run:<run>/rank:<r>`): critical when it disagreed at
     `sdc_critical_checks` or more checked steps; both ranks of a split with no majority are
     reported as ambiguous."""
@@ -105,6 +107,12 @@ def _minority_canary(rows: Mapping[int, StepRow], rtol: float) -> tuple[list[int
         (ra, a), (rb, b) = prints.items()
         return ([ra, rb], True) if not _agree(a, b, rtol) else ([], False)
     width = Counter(len(p) for p in prints.values()).most_common(1)[0][0]
+    # Usually everyone agrees: when each component's extremes are within the tolerance,
+    # every pair is, and the per-rank comparison can be skipped.
+    if all(len(p) == width for p in prints.values()) and all(
+        rel_diff(min(column), max(column)) <= rtol for column in zip(*prints.values(), strict=True)
+    ):
+        return [], False
     reference = tuple(median([p[i] for p in prints.values() if len(p) > i]) for i in range(width))
     odd = [rank for rank, p in prints.items() if not _agree(p, reference, rtol)]
     if not odd:
@@ -123,7 +131,9 @@ def _finding(
 ) -> Finding:
     # The most telling evidence names the cause: diverged weights explain everything else;
     # a wrong canary with equal weights points at the GPU's arithmetic.
-    cause_field = next(f for f in ("param_checksum", "canary", "grad_checksum") if suspect.fields[f])
+    cause_field = next(
+        f for f in ("param_checksum", "canary", "grad_checksum") if suspect.fields[f]
+    )
     cause = CAUSES[cause_field]
     where = f" on {node}" if node else ""
     shard = f" of shard {suspect.shard}" if suspect.shard else ""

@@ -26,7 +26,9 @@ def detect(
     return [f for run in window.runs for f in detect_run(run, now, config)]
 
 
-def detect_run(run: RunWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG) -> list[Finding]:
+def detect_run(
+    run: RunWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG
+) -> list[Finding]:
     """One warning per slow rank (`run:<run>/rank:<r>`), or one per node whose every rank is
     slow (`run:<run>/node:<n>`); evidence holds the slowdown and the cost in GPU-hours per
     hour that the whole run loses waiting."""

@@ -6,6 +6,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from apps.alerts.api import router as alerts_router
 from apps.ingest.api import router as ingest_router
 from apps.ingest.schemas import BatchRejected, IngestBatch, TooManyRecords
 from apps.runs.api import router as runs_router
@@ -28,6 +29,7 @@ api = OpsboardAPI(title="Opsboard agent API", version="1", urls_namespace="api-v
 api.add_router("", ingest_router)
 api.add_router("", telemetry_router)
 api.add_router("", runs_router)
+api.add_router("", alerts_router)
 
 
 @api.exception_handler(ValidationError)

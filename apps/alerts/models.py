@@ -1,9 +1,11 @@
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from apps.alerts.choices import AlertEvent, AlertState, Severity, WebhookFormat
 from apps.clusters.models import Cluster, Node
 from apps.runs.models import Run
+from detectors.config import DEFAULT_CONFIG
 
 
 class Alert(models.Model):
@@ -105,3 +107,24 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} of alert {self.alert_id} to {self.endpoint_id}"
+
+
+class ClusterDetectorConfig(models.Model):
+    """A cluster's overrides of detector thresholds, e.g. {"heartbeat_min_s": 10}: names and
+    meanings are those of detectors.config.DetectorConfig."""
+
+    cluster = models.OneToOneField(
+        Cluster, on_delete=models.CASCADE, related_name="detector_config"
+    )
+    overrides = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"detector settings of {self.cluster}"
+
+    def clean(self) -> None:
+        if not isinstance(self.overrides, dict):
+            raise ValidationError({"overrides": "must be a JSON object"})
+        try:
+            DEFAULT_CONFIG.with_overrides(self.overrides)
+        except (ValueError, TypeError) as error:
+            raise ValidationError({"overrides": str(error)}) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,13 +11,17 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 
 from apps.alerts.choices import OPEN_STATES
-from apps.alerts.models import Alert
+from apps.alerts.models import Alert, ClusterDetectorConfig
 from apps.clusters.models import Cluster, Node
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
 from apps.runs.services import STEP_FIELDS
 from apps.telemetry.selectors import MAX_CHUNK_SPAN
+from detectors.config import DEFAULT_CONFIG, DetectorConfig
+from detectors.goodput import goodput
 from detectors.types import ClusterWindow, EventRow, NodeSeen, RunWindow, Series, StepRow
+
+logger = logging.getLogger(__name__)
 
 # The metrics the detectors read (thermal, power, oom_risk, input_bound, ...).
 WINDOW_METRICS = (
@@ -92,6 +97,18 @@ def alert_list(
     return list(alerts.order_by("-opened_at", "-id")[:limit])
 
 
+def detector_config(*, cluster: Cluster) -> DetectorConfig:
+    """The detector thresholds of a cluster: the defaults with its stored overrides."""
+    stored = ClusterDetectorConfig.objects.filter(cluster=cluster).first()
+    if stored is None or not stored.overrides:
+        return DEFAULT_CONFIG
+    try:
+        return DEFAULT_CONFIG.with_overrides(stored.overrides)
+    except (ValueError, TypeError, AttributeError):
+        logger.warning("invalid detector overrides of cluster %s ignored", cluster.name)
+        return DEFAULT_CONFIG
+
+
 def clusters_to_evaluate(*, now: float) -> list[Cluster]:
     """Clusters that sent data recently, or that have open alerts (which must resolve)."""
     recent = datetime.fromtimestamp(now - settings.ALERT_IDLE_S, UTC)
@@ -137,6 +154,25 @@ def run_window(*, run: Run, now: float) -> RunWindow:
     """One run's window (as in cluster_window), e.g. for its goodput."""
     names = dict(Node.objects.filter(cluster_id=run.cluster_id).values_list("id", "name"))
     return _run_windows(cluster=None, names=names, now=now, runs=[run])[0]
+
+
+def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
+    """The run's goodput (detectors.goodput) as plain JSON, over what the bounded window
+    holds: since the run started when the window reaches back that far, else since the
+    window's first step (or its event horizon, whichever is later). None before any step."""
+    if run.last_step is None:
+        return None
+    window = run_window(run=run, now=now)
+    if not window.steps:
+        return None
+    end = now if run.state == RunState.RUNNING else (ts(run.last_step_at) or now)
+    event_start = now - settings.ALERT_EVENT_WINDOW_S
+    whole = (run.first_step or 0) > run.last_step - settings.ALERT_STEP_WINDOW and (
+        run.created_at.timestamp() >= event_start
+    )
+    first = min(row.ts - row.step_time for row in window.steps)
+    since = None if whole else max(first, event_start)
+    return goodput(window, end, since=since).to_dict()
 
 
 def _active_runs(cluster: Cluster, now: float) -> list[Run]:

@@ -51,6 +51,10 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
     async def live_delta(self, event) -> None:
         await self.send_json({"type": "delta", "seq": event["seq"], "nodes": event["nodes"]})
 
+    async def alert_changed(self, event) -> None:
+        """An alert opened, escalated, was acknowledged or resolved (apps.alerts.services)."""
+        await self.send_json({"type": "alert", "alert": event["alert"]})
+
 
 def _snapshot(cluster_id: int) -> tuple[int, list]:
     seq = int(redis_client().get(cluster_seq_key(cluster_id)) or 0)

@@ -1,5 +1,3 @@
-from typing import Any
-
 from django.http import HttpRequest
 from ninja import Router, Schema
 
@@ -23,6 +21,17 @@ class CheckpointOut(Schema):
     work_at_risk_gpu_hours: float | None
 
 
+class GoodputOut(Schema):
+    """detectors.goodput.Goodput.to_dict(): seconds since `start` and shares of the wall."""
+
+    start: float
+    wall_s: float
+    productive_s: float
+    goodput: float
+    badput_s: dict[str, float]
+    badput: dict[str, float]
+
+
 class RunOut(Schema):
     run: str
     state: str
@@ -30,7 +39,7 @@ class RunOut(Schema):
     last_step: int | None
     last_step_at: float | None
     tokens_per_s: float | None
-    goodput: Any | None
+    goodput: GoodputOut | None
     checkpoint: CheckpointOut
     nodes: list[str]
 

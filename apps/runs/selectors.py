@@ -5,6 +5,7 @@ from typing import Any
 
 from django.db import connection
 
+from apps.alerts.selectors import run_goodput
 from apps.runs.models import Run, RunEvent
 
 THROUGHPUT_WINDOW_S = 60
@@ -16,7 +17,7 @@ def run_get(*, name: str, **cluster_filter: Any) -> Run | None:
 
 
 def run_summary(*, run: Run, now: float | None = None) -> dict[str, Any]:
-    """The contract's run summary. Goodput is filled by later work (None until then)."""
+    """The contract's run summary; goodput over the detectors' window of the run."""
     now = time.time() if now is None else now
     checkpoint = {tier: _last_checkpoint(run, tier) for tier in ("local", "durable")}
     durable_at = checkpoint["durable"]["at"] if checkpoint["durable"] else None
@@ -28,7 +29,7 @@ def run_summary(*, run: Run, now: float | None = None) -> dict[str, Any]:
         "last_step": run.last_step,
         "last_step_at": run.last_step_at.timestamp() if run.last_step_at else None,
         "tokens_per_s": _tokens_per_s(run),
-        "goodput": None,
+        "goodput": run_goodput(run=run, now=now),
         "checkpoint": {
             **checkpoint,
             # GPU-hours that a failure now would throw away: one GPU per rank since the

@@ -1,0 +1,55 @@
+from django.contrib import admin
+
+from apps.alerts.models import (
+    Alert,
+    AuditEntry,
+    ClusterDetectorConfig,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+
+
+@admin.register(Alert)
+class AlertAdmin(admin.ModelAdmin):
+    list_display = ["opened_at", "kind", "severity", "state", "cluster", "subject", "summary"]
+    list_filter = ["state", "severity", "kind", "cluster"]
+    search_fields = ["subject", "summary"]
+    list_select_related = ["cluster"]
+    # Alerts change through the detectors and the acknowledge action, not by hand.
+    readonly_fields = [f.name for f in Alert._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin):
+    list_display = ["at", "action", "alert", "actor", "note"]
+    readonly_fields = ["alert", "action", "actor", "note", "at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+class WebhookDeliveryInline(admin.TabularInline):
+    model = WebhookDelivery
+    fields = ["created_at", "event", "alert", "attempts", "delivered_at", "last_error"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["-created_at"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    list_display = ["url", "cluster", "format", "active", "created_at"]
+    list_filter = ["format", "active", "cluster"]
+    inlines = [WebhookDeliveryInline]
+
+
+@admin.register(ClusterDetectorConfig)
+class ClusterDetectorConfigAdmin(admin.ModelAdmin):
+    list_display = ["cluster", "overrides"]

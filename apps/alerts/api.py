@@ -1,0 +1,89 @@
+from typing import Any, Literal
+
+from django.http import HttpRequest
+from ninja import Field, Query, Router, Schema
+from ninja.security import SessionAuth
+
+from apps.alerts.selectors import alert_get, alert_json, alert_list
+from apps.alerts.services import AlertAlreadyAcknowledged, AlertResolved, alert_acknowledge
+from apps.clusters.models import Cluster
+from apps.ingest.auth import reader_auth
+from apps.ingest.schemas import Errors
+from opsboard.errors import FieldError
+
+router = Router(tags=["alerts"])
+
+ACKNOWLEDGE_PERMISSION = "alerts.acknowledge_alert"
+
+
+class AlertOut(Schema):
+    id: int
+    kind: str
+    severity: Literal["warning", "critical"]
+    state: Literal["firing", "acknowledged", "resolved"]
+    run: str | None
+    node: str | None
+    rank: int | None
+    gpu: int | None
+    summary: str
+    evidence: dict[str, Any]
+    opened_at: float
+    acknowledged_at: float | None
+    resolved_at: float | None
+
+
+class AlertsOut(Schema):
+    alerts: list[AlertOut]
+
+
+class AlertsQuery(Schema):
+    run: str | None = None
+    node: str | None = None
+    state: Literal["firing", "acknowledged", "resolved"] | None = None
+    since: float | None = Field(default=None, description="alerts that changed state since")
+    cluster: str | None = Field(default=None, description="for a logged-in user")
+
+
+class AckIn(Schema):
+    note: str = Field(default="", max_length=2000)
+
+
+@router.get(
+    "/alerts",
+    auth=reader_auth,
+    response={200: AlertsOut, 400: Errors, 401: Errors, 404: Errors},
+    summary="The cluster's alerts, newest first",
+)
+def alerts(request: HttpRequest, query: Query[AlertsQuery]):
+    token = getattr(request, "agent_token", None)
+    if token is not None:
+        cluster: Cluster | None = Cluster(pk=token.cluster_id)
+    elif query.cluster:
+        cluster = Cluster.objects.filter(name=query.cluster).first()
+        if cluster is None:
+            raise FieldError(404, "cluster", "no such cluster")
+    else:
+        cluster = None  # a logged-in operator sees every cluster
+    found = alert_list(
+        cluster=cluster, run=query.run, node=query.node, state=query.state, since=query.since
+    )
+    return {"alerts": [alert_json(alert) for alert in found]}
+
+
+@router.post(
+    "/alerts/{alert_id}/ack",
+    auth=SessionAuth(),  # a logged-in operator, with CSRF
+    response={200: AlertOut, 400: Errors, 401: Errors, 403: Errors, 404: Errors, 409: Errors},
+    summary="Acknowledge a firing alert (operators with the acknowledge permission)",
+)
+def alert_ack(request: HttpRequest, alert_id: int, payload: AckIn):
+    if not request.user.has_perm(ACKNOWLEDGE_PERMISSION):
+        raise FieldError(403, "", "you may not acknowledge alerts")
+    alert = alert_get(alert_id=alert_id)
+    if alert is None:
+        raise FieldError(404, "alert_id", "no such alert")
+    try:
+        acknowledged = alert_acknowledge(alert=alert, user=request.user, note=payload.note)
+    except (AlertResolved, AlertAlreadyAcknowledged) as error:
+        raise FieldError(409, "state", str(error)) from None
+    return alert_json(alert_get(alert_id=acknowledged.pk))

@@ -1,0 +1,359 @@
+"""Alert writes: keep alerts in step with the detectors' findings, acknowledge, notify.
+
+Every change commits first; then (on commit) it is broadcast to the cluster's Channels group
+as {"type": "alert.changed", "alert": {...}} and its webhook deliveries, written in the same
+transaction, are handed to Celery.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import redis
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.alerts.choices import (
+    OPEN_STATES,
+    SEVERITY_RANK,
+    WEBHOOK_EVENTS,
+    AlertEvent,
+    AlertState,
+    WebhookFormat,
+)
+from apps.alerts.models import Alert, AuditEntry, WebhookDelivery, WebhookEndpoint
+from apps.alerts.selectors import (
+    alert_json,
+    cluster_window,
+    clusters_to_evaluate,
+    detector_config,
+)
+from apps.clusters.models import Cluster, Node
+from apps.live.groups import cluster_group
+from apps.live.services import redis_client
+from apps.runs.models import Run
+from detectors.types import Finding
+
+logger = logging.getLogger(__name__)
+
+# Kinds whose condition ends for good when the finding stops (the node is back): no hold-down.
+RESOLVE_AT_ONCE = frozenset({"heartbeat"})
+# pg_advisory_xact_lock(namespace, cluster id) serialises the syncs of one cluster.
+SYNC_LOCK_NAMESPACE = 0x616C7274  # "alrt"
+EVALUATE_LOCK_TTL_S = 60
+# A delivery not attempted this long after its alert changed was never enqueued.
+WEBHOOK_SWEEP_AGE_S = 300
+_RELEASE_LOCK = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
+)
+
+
+class AlertResolved(Exception):
+    """The alert resolved before the operator acknowledged it."""
+
+    def __init__(self, alert: Alert) -> None:
+        super().__init__("the alert is already resolved")
+        self.alert = alert
+
+
+class AlertAlreadyAcknowledged(Exception):
+    """Someone else acknowledged the alert first."""
+
+    def __init__(self, alert: Alert) -> None:
+        by = alert.acknowledged_by.get_username() if alert.acknowledged_by else "someone"
+        at = alert.acknowledged_at.isoformat() if alert.acknowledged_at else "?"
+        super().__init__(f"already acknowledged by {by} at {at}")
+        self.alert = alert
+
+
+class WebhookFailed(Exception):
+    """A delivery attempt failed; the Celery task retries it with backoff."""
+
+
+@dataclass
+class SyncResult:
+    opened: list[int] = field(default_factory=list)
+    escalated: list[int] = field(default_factory=list)
+    updated: list[int] = field(default_factory=list)
+    resolved: list[int] = field(default_factory=list)
+
+
+def alerts_sync(*, cluster: Cluster, findings: Iterable[Finding], now: float) -> SyncResult:
+    """Make the cluster's open alerts match the findings of an evaluation at `now`.
+
+    Guarantees: a new (kind, subject) opens one alert (one open alert per key, even under
+    concurrent syncs); an open alert's summary, evidence and last_seen_at follow its finding
+    and its severity only rises (escalation); an open alert without a finding resolves once
+    its last finding is ALERT_HOLD_DOWN_S old (kinds in RESOLVE_AT_ONCE: at once). An
+    acknowledgement is never undone here."""
+    latest = _strongest(findings)
+    node_ids = dict(
+        Node.objects.filter(
+            cluster=cluster, name__in={f.node for f in latest.values() if f.node}
+        ).values_list("name", "id")
+    )
+    run_ids = dict(
+        Run.objects.filter(
+            cluster=cluster, name__in={f.run for f in latest.values() if f.run}
+        ).values_list("name", "id")
+    )
+    at = datetime.fromtimestamp(now, UTC)
+    result = SyncResult()
+    changes: list[tuple[int, str | None]] = []
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s, %s)", [SYNC_LOCK_NAMESPACE, cluster.pk]
+            )
+        open_alerts = {
+            (alert.kind, alert.subject): alert
+            for alert in Alert.objects.filter(cluster=cluster, state__in=OPEN_STATES)
+        }
+        for key, finding in latest.items():
+            alert = open_alerts.pop(key, None)
+            if alert is None:
+                alert = Alert.objects.create(
+                    cluster=cluster,
+                    kind=finding.kind,
+                    subject=finding.subject,
+                    severity=finding.severity,
+                    run_id=run_ids.get(finding.run or ""),
+                    node_id=node_ids.get(finding.node or ""),
+                    rank=finding.rank,
+                    gpu=finding.gpu,
+                    summary=finding.summary,
+                    evidence=_plain(finding.evidence),
+                    opened_at=at,
+                    last_seen_at=at,
+                )
+                result.opened.append(alert.pk)
+                changes.append((alert.pk, AlertEvent.OPENED))
+                continue
+            escalates = SEVERITY_RANK[finding.severity] > SEVERITY_RANK[alert.severity]
+            visible = escalates or finding.summary != alert.summary
+            # Only these fields: state and acknowledgement belong to alert_acknowledge.
+            Alert.objects.filter(pk=alert.pk).update(
+                severity=finding.severity if escalates else alert.severity,
+                summary=finding.summary,
+                evidence=_plain(finding.evidence),
+                last_seen_at=at,
+            )
+            if escalates:
+                result.escalated.append(alert.pk)
+                changes.append((alert.pk, AlertEvent.ESCALATED))
+            elif visible:
+                result.updated.append(alert.pk)
+                changes.append((alert.pk, None))
+        for alert in open_alerts.values():
+            hold = 0.0 if alert.kind in RESOLVE_AT_ONCE else settings.ALERT_HOLD_DOWN_S
+            if now - alert.last_seen_at.timestamp() < hold:
+                continue
+            if Alert.objects.filter(pk=alert.pk, state__in=OPEN_STATES).update(
+                state=AlertState.RESOLVED, resolved_at=at
+            ):
+                result.resolved.append(alert.pk)
+                changes.append((alert.pk, AlertEvent.RESOLVED))
+        _announce(cluster=cluster, changes=changes)
+    return result
+
+
+def alert_acknowledge(*, alert: Alert, user: Any, note: str = "") -> Alert:
+    """Acknowledge a firing alert, recording who, when and why in the audit trail.
+
+    Of concurrent acknowledgements exactly one wins; the others raise
+    AlertAlreadyAcknowledged (naming the winner), and a resolved alert raises AlertResolved."""
+    at = timezone.now()
+    with transaction.atomic():
+        won = Alert.objects.filter(pk=alert.pk, state=AlertState.FIRING).update(
+            state=AlertState.ACKNOWLEDGED, acknowledged_at=at, acknowledged_by=user, ack_note=note
+        )
+        current = Alert.objects.select_related("cluster", "acknowledged_by").get(pk=alert.pk)
+        if not won:
+            if current.state == AlertState.RESOLVED:
+                raise AlertResolved(current)
+            raise AlertAlreadyAcknowledged(current)
+        AuditEntry.objects.create(
+            alert=current, action=AlertEvent.ACKNOWLEDGED, actor=user, note=note, at=at
+        )
+        _announce(cluster=current.cluster, changes=[(current.pk, AlertEvent.ACKNOWLEDGED)])
+    return current
+
+
+def alerts_evaluate(*, cluster: Cluster, now: float) -> SyncResult | None:
+    """Load the cluster's window, run every detector, keep the findings as alerts. None when
+    the detectors are not installed (open alerts are then left as they are)."""
+    try:
+        from detectors import detect_all
+    except ImportError:
+        logger.warning("detectors.detect_all is unavailable; alerts are not evaluated")
+        return None
+    window = cluster_window(cluster=cluster, now=now)
+    findings = detect_all(window, now, config=detector_config(cluster=cluster))
+    return alerts_sync(cluster=cluster, findings=findings, now=now)
+
+
+def alerts_evaluate_all(*, now: float) -> int:
+    """Evaluate every cluster with recent data or open alerts; returns how many. A Redis
+    lock keeps two runs (a slow one and the next beat) from overlapping: the later skips."""
+    client = redis_client()
+    key, token = f"{settings.REDIS_PREFIX}:alerts:evaluate-lock", uuid.uuid4().hex
+    if not client.set(key, token, nx=True, ex=EVALUATE_LOCK_TTL_S):
+        return 0
+    evaluated = 0
+    try:
+        for cluster in clusters_to_evaluate(now=now):
+            try:
+                alerts_evaluate(cluster=cluster, now=now)
+                evaluated += 1
+            except Exception:  # one cluster's failure must not starve the others
+                logger.exception("evaluating the alerts of cluster %s failed", cluster.name)
+        webhooks_sweep(now=now)
+    finally:
+        client.eval(_RELEASE_LOCK, 1, key, token)
+    return evaluated
+
+
+def webhooks_sweep(*, now: float) -> int:
+    """Enqueue deliveries never attempted (the broker was down when their alert changed),
+    once they are WEBHOOK_SWEEP_AGE_S old and for a day at most; returns how many."""
+    from apps.alerts.tasks import webhook_deliver as deliver_task
+
+    oldest = datetime.fromtimestamp(now - 86_400, UTC)
+    newest = datetime.fromtimestamp(now - WEBHOOK_SWEEP_AGE_S, UTC)
+    ids = list(
+        WebhookDelivery.objects.filter(
+            attempts=0, delivered_at__isnull=True, created_at__range=(oldest, newest)
+        ).values_list("pk", flat=True)[:1000]
+    )
+    for delivery_id in ids:
+        deliver_task.apply_async((delivery_id,))
+    return len(ids)
+
+
+def webhook_body(*, fmt: str, event: str, cluster: str, alert: Mapping[str, Any]) -> dict:
+    """The body posted to an endpoint: the contract's alert object with the event name, or
+    for Slack-compatible endpoints a {"text": ...} message."""
+    if fmt == WebhookFormat.SLACK:
+        where = ", ".join(
+            f"{name} {alert[name]}"
+            for name in ("run", "node", "rank", "gpu")
+            if alert[name] is not None
+        )
+        return {
+            "text": f"[{alert['severity']}] {alert['kind']} {event} on cluster {cluster}"
+            f"{f' ({where})' if where else ''}: {alert['summary']}"
+        }
+    return {"event": event, "cluster": cluster, "alert": dict(alert)}
+
+
+def webhook_deliver(*, delivery_id: int) -> bool:
+    """Post one delivery (once it succeeded, never again); raises WebhookFailed on a
+    connection error or a non-2xx answer, after recording the attempt."""
+    delivery = WebhookDelivery.objects.select_related("endpoint").filter(pk=delivery_id).first()
+    if delivery is None or delivery.delivered_at is not None:
+        return False
+    WebhookDelivery.objects.filter(pk=delivery_id).update(attempts=F("attempts") + 1)
+    request = urllib.request.Request(
+        delivery.endpoint.url,
+        data=orjson.dumps(delivery.payload),
+        headers={"Content-Type": "application/json", "User-Agent": "Opsboard-alerts/1"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=settings.ALERT_WEBHOOK_TIMEOUT_S):
+            pass  # urlopen raises HTTPError for any status >= 400
+    except (urllib.error.URLError, OSError) as error:
+        message = f"HTTP {error.code}" if isinstance(error, urllib.error.HTTPError) else str(error)
+        WebhookDelivery.objects.filter(pk=delivery_id).update(last_error=message[:1000])
+        raise WebhookFailed(
+            f"delivery {delivery_id} to {delivery.endpoint.url}: {message}"
+        ) from None
+    WebhookDelivery.objects.filter(pk=delivery_id).update(
+        delivered_at=timezone.now(), last_error=""
+    )
+    return True
+
+
+def _strongest(findings: Iterable[Finding]) -> dict[tuple[str, str], Finding]:
+    """One finding per (kind, subject): the most severe (two detectors may see one thing)."""
+    latest: dict[tuple[str, str], Finding] = {}
+    for finding in findings:
+        key = (finding.kind, finding.subject)
+        seen = latest.get(key)
+        if seen is None or SEVERITY_RANK[finding.severity] > SEVERITY_RANK[seen.severity]:
+            latest[key] = finding
+    return latest
+
+
+def _plain(value: Any) -> Any:
+    """Evidence as JSON Postgres accepts: mappings → dicts, tuples → lists, NaN/inf → None."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _announce(*, cluster: Cluster, changes: list[tuple[int, str | None]]) -> None:
+    """Inside the writing transaction: snapshot the changed alerts, write their webhook
+    deliveries, and on commit broadcast them and enqueue the deliveries."""
+    if not changes:
+        return
+    alerts = {
+        alert.pk: alert_json(alert)
+        for alert in Alert.objects.select_related("run", "node").filter(
+            pk__in=[pk for pk, _ in changes]
+        )
+    }
+    endpoints = list(WebhookEndpoint.objects.filter(cluster=cluster, active=True))
+    deliveries = WebhookDelivery.objects.bulk_create(
+        WebhookDelivery(
+            endpoint=endpoint,
+            alert_id=pk,
+            event=event,
+            payload=webhook_body(
+                fmt=endpoint.format, event=event, cluster=cluster.name, alert=alerts[pk]
+            ),
+        )
+        for pk, event in changes
+        if event in WEBHOOK_EVENTS
+        for endpoint in endpoints
+    )
+    messages = list(alerts.values())
+    delivery_ids = [delivery.pk for delivery in deliveries]
+    transaction.on_commit(
+        lambda: _publish(cluster_id=cluster.pk, alerts=messages, delivery_ids=delivery_ids)
+    )
+
+
+def _publish(*, cluster_id: int, alerts: list[dict], delivery_ids: list[int]) -> None:
+    """After commit, best effort: the alerts are stored, and a browser that misses a message
+    reads them again on reload; a delivery not enqueued stays in the table, attempts 0."""
+    from apps.alerts.tasks import webhook_deliver as deliver_task
+
+    try:
+        send = async_to_sync(get_channel_layer().group_send)
+        for alert in alerts:
+            send(cluster_group(cluster_id), {"type": "alert.changed", "alert": alert})
+    except (redis.RedisError, OSError):
+        logger.warning("live feed unavailable; %d alert changes not broadcast", len(alerts))
+    for delivery_id in delivery_ids:
+        try:
+            deliver_task.apply_async((delivery_id,), retry=False)
+        except Exception:  # any broker failure
+            logger.warning("broker unavailable; webhook delivery %s not enqueued", delivery_id)

@@ -1,0 +1,26 @@
+import time
+
+from celery import shared_task
+from django.conf import settings
+
+from apps.alerts import services
+
+
+@shared_task(name="alerts.evaluate_all", ignore_result=True)
+def evaluate_all() -> int:
+    """Run the detectors over every active cluster (Celery beat, ALERT_EVALUATE_INTERVAL)."""
+    return services.alerts_evaluate_all(now=time.time())
+
+
+@shared_task(
+    name="alerts.webhook_deliver",
+    ignore_result=True,
+    acks_late=True,
+    autoretry_for=(services.WebhookFailed,),
+    max_retries=settings.ALERT_WEBHOOK_ATTEMPTS - 1,
+    # exponential backoff: up to BACKOFF s, then 2×, 4×, ... (with jitter)
+    retry_backoff=settings.ALERT_WEBHOOK_BACKOFF_S,
+    retry_backoff_max=600,
+)
+def webhook_deliver(delivery_id: int) -> bool:
+    return services.webhook_deliver(delivery_id=delivery_id)

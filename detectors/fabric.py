@@ -1,0 +1,85 @@
+"""Fabric: the collectives themselves got slower while compute did not.
+
+Every rank waits in a collective for the slowest rank to be ready, and then for the
+collective's own time. The rank that is ready last waits only the latter, so the smallest
+`comm_wait` of a step measures the interconnect, untouched by a straggler (which raises
+everyone else's wait, not its own). We compare its median over the newest `fabric_steps`
+steps with the oldest `fabric_steps` steps of the window.
+"""
+
+from __future__ import annotations
+
+from detectors.common import by_step, comm_of, compute_of, median, rank_nodes, run_subject
+from detectors.config import DEFAULT_CONFIG, DetectorConfig
+from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
+
+
+def detect(
+    window: ClusterWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG
+) -> list[Finding]:
+    """`fabric` findings of every run of the window (see `detect_run`)."""
+    return [f for run in window.runs for f in detect_run(run, now, config)]
+
+
+def _profile(rows: list[StepRow]) -> tuple[float, float, float, float] | None:
+    """(collective time, median compute, median comm_wait, median step_time) of one step."""
+    comms = [c for r in rows if (c := comm_of(r)) is not None]
+    computes = [c for r in rows if (c := compute_of(r)) is not None]
+    if not comms or not computes:
+        return None
+    return min(comms), median(computes), median(comms), median([r.step_time for r in rows])
+
+
+def detect_run(
+    run: RunWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG
+) -> list[Finding]:
+    """One warning (`run:<run>`) when the collective time rose by `fabric_rise` or more
+    while the median compute stayed within `fabric_compute_tolerance`; evidence: both
+    medians before and now, and the GPU-hours per hour the run loses."""
+    steps = by_step(run.steps)
+    numbers = sorted(steps)
+    n = config.fabric_steps
+    if len(numbers) < 2 * n:
+        return []
+    early = [p for s in numbers[:n] if (p := _profile(steps[s]))]
+    late = [p for s in numbers[-n:] if (p := _profile(steps[s]))]
+    if not early or not late:
+        return []
+    base_comm, now_comm = median([p[0] for p in early]), median([p[0] for p in late])
+    base_compute, now_compute = median([p[1] for p in early]), median([p[1] for p in late])
+    if base_comm <= 0 or base_compute <= 0:
+        return []
+    rise = now_comm / base_comm - 1.0
+    drift = now_compute / base_compute - 1.0
+    if rise < config.fabric_rise or abs(drift) > config.fabric_compute_tolerance:
+        return []
+    step_time = median([p[3] for p in late])
+    world = run.world_size or len(rank_nodes(run))
+    return [
+        Finding(
+            kind="fabric",
+            subject=run_subject(run.run),
+            severity="warning",
+            summary=(
+                f"{run.run}'s collectives take {now_comm / base_comm:.1f}× as long as at steps "
+                f"{numbers[0]}–{numbers[n - 1]} ({now_comm:.3f} s vs {base_comm:.3f} s per step) "
+                f"while compute is unchanged: the interconnect, not a rank, is slow"
+            ),
+            run=run.run,
+            evidence={
+                "baseline_collective_s": round(base_comm, 6),
+                "collective_s": round(now_comm, 6),
+                "rise": round(rise, 4),
+                "baseline_compute_s": round(base_compute, 6),
+                "compute_s": round(now_compute, 6),
+                "compute_drift": round(drift, 4),
+                "median_comm_wait_s": round(median([p[2] for p in late]), 6),
+                "baseline_steps": [numbers[0], numbers[n - 1]],
+                "steps": [numbers[-n], numbers[-1]],
+                "gpu_hours_lost_per_hour": round(world * (now_comm - base_comm) / step_time, 3)
+                if step_time > 0
+                else None,
+            },
+            since=min(r.ts for r in steps[numbers[-n]]),
+        )
+    ]

@@ -1,0 +1,41 @@
+"""Fixtures of the alert tests: a cluster with a node and a run, findings, operators."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+
+from apps.clusters.models import Cluster, Node
+from apps.runs.models import Run
+from detectors.types import Finding
+
+
+def finding(**fields) -> Finding:
+    """A straggler finding on rank 3 of run-1 on node-02, unless told otherwise."""
+    defaults = {
+        "kind": "straggler",
+        "subject": "run:run-1/rank:3",
+        "severity": "warning",
+        "summary": "rank 3 on node-02 computes 21% slower than the median rank",
+        "run": "run-1",
+        "node": "node-02",
+        "rank": 3,
+        "evidence": {"slowdown": 0.21},
+    }
+    return Finding(**{**defaults, **fields})
+
+
+@pytest.fixture
+def cluster(db):
+    cluster = Cluster.objects.create(name="alpha")
+    Node.objects.create(cluster=cluster, name="node-02")
+    Run.objects.create(cluster=cluster, name="run-1")
+    return cluster
+
+
+def make_operator(username: str, *, may_acknowledge: bool = True):
+    user = get_user_model().objects.create_user(username, password="pw-12345-long")
+    if may_acknowledge:
+        user.user_permissions.add(Permission.objects.get(codename="acknowledge_alert"))
+    return user

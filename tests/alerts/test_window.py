@@ -1,0 +1,154 @@
+"""cluster_window loads what the detectors need, in a bounded number of queries."""
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from apps.alerts.models import Alert, ClusterDetectorConfig
+from apps.alerts.selectors import cluster_window, detector_config, run_goodput
+from apps.alerts.services import alerts_evaluate
+from apps.clusters.models import Cluster
+from apps.ingest.services import ClaimedBatch, batches_store
+from apps.runs.models import Run
+from apps.runs.selectors import run_summary
+
+pytestmark = pytest.mark.django_db
+
+
+def store(cluster: Cluster, body: dict, received: float) -> None:
+    batches_store(
+        batches=[
+            ClaimedBatch(
+                cluster_id=cluster.pk,
+                received_at=datetime.fromtimestamp(received, UTC),
+                body=body,
+            )
+        ]
+    )
+
+
+def step(rank: int, number: int, at: float, **extra) -> dict:
+    return {"ts": at, "rank": rank, "step": number, "step_time": 1.0, "data_time": 0.05, **extra}
+
+
+@pytest.fixture
+def now() -> float:
+    return time.time()
+
+
+@pytest.fixture
+def busy(now) -> Cluster:
+    """Two nodes, a 4-rank run with 150 steps, telemetry every second, some events."""
+    cluster = Cluster.objects.create(name="busy")
+    for batch in range(10):  # a batch every 2 s from each node
+        at = now - 20 + 2 * batch
+        for node, ranks in (("node-01", (0, 1)), ("node-02", (2, 3))):
+            body = {
+                "batch_id": f"{node}/{batch}",
+                "node": node,
+                "samples": [
+                    {"ts": at + i, "metric": metric, "gpu": 0, "value": 50.0 + i}
+                    for i in range(2)
+                    for metric in ("gpu.util", "gpu.temp_c")
+                ]
+                + [{"ts": at, "metric": "host.cpu_util", "value": 10.0}],
+            }
+            if batch == 9:
+                body["run"] = "llama"
+                body["steps"] = [
+                    step(rank, number, now - 150 + number, canary={"norm": 1.0, "proj": [0.5]})
+                    for number in range(150)
+                    for rank in ranks
+                ]
+            store(cluster, body, received=at + 1)
+    events = [
+        {"ts": now - 7200, "kind": "checkpoint", "step": 1, "tier": "durable"},
+        {"ts": now - 7000, "kind": "checkpoint", "step": 2, "tier": "local"},
+        {"ts": now - 5000, "kind": "xid", "gpu": 1, "code": 31},  # too old
+        {"ts": now - 10, "kind": "xid", "gpu": 3, "code": 79},
+        {"ts": now - 5, "kind": "log", "message": "hello", "level": "info"},
+    ]
+    for event in events[:2]:
+        event["state"] = "completed"
+    store(cluster, {"batch_id": "ev", "node": "node-02", "run": "llama", "events": events}, now)
+    return cluster
+
+
+def test_it_loads_the_last_steps_of_every_rank(busy, now):
+    with override_settings(ALERT_STEP_WINDOW=120):
+        window = cluster_window(cluster=busy, now=now)
+    [run] = window.runs
+    assert run.run == "llama" and run.world_size == 4
+    assert len(run.steps) == 120 * 4
+    assert {row.step for row in run.steps} == set(range(30, 150))
+    assert [row.step for row in run.steps] == sorted(row.step for row in run.steps)
+    assert run.rank_nodes == {0: "node-01", 1: "node-01", 2: "node-02", 3: "node-02"}
+    assert run.steps[0].canary_proj == (0.5,) and run.steps[0].node == "node-01"
+
+
+def test_it_keeps_old_checkpoints_and_recent_events_only(busy, now):
+    window = cluster_window(cluster=busy, now=now)
+    [run] = window.runs
+    kinds = [(e.kind, e.data.get("tier"), e.data.get("code")) for e in run.events]
+    assert ("checkpoint", "durable", None) in kinds and ("checkpoint", "local", None) in kinds
+    assert ("xid", None, 79) in kinds and ("xid", None, 31) not in kinds
+    assert [(e.kind, e.gpu, e.run) for e in window.events] == [("xid", 3, "llama")]
+
+
+def test_it_loads_recent_telemetry_of_the_detectors_metrics(busy, now):
+    window = cluster_window(cluster=busy, now=now)
+    keys = {(s.node, s.metric, s.gpu) for s in window.telemetry}
+    assert keys == {
+        (node, metric, gpu)
+        for node in ("node-01", "node-02")
+        for metric, gpu in (("gpu.util", 0), ("gpu.temp_c", 0), ("host.cpu_util", None))
+    }
+    temp = next(s for s in window.telemetry if s.metric == "gpu.temp_c" and s.node == "node-01")
+    assert len(temp.points) == 20 and list(temp.points) == sorted(temp.points)
+
+
+def test_it_measures_each_nodes_batch_interval(busy, now):
+    window = cluster_window(cluster=busy, now=now)
+    assert [(n.node, n.batch_interval, n.state) for n in window.nodes] == [
+        ("node-01", pytest.approx(2.0), "active"),
+        ("node-02", pytest.approx(2.0), "active"),
+    ]
+    assert window.nodes[1].last_seen == pytest.approx(now)
+
+
+def test_the_number_of_queries_does_not_grow_with_the_cluster(busy, now):
+    with CaptureQueriesContext(connection) as queries:
+        cluster_window(cluster=busy, now=now)
+    # nodes, batch intervals, runs, steps, run events, old checkpoints, node events,
+    # metric ids, telemetry: whatever the number of nodes, runs, ranks or series
+    assert len(queries) <= 9
+
+
+def test_evaluating_the_window_opens_alerts_for_what_the_detectors_find(busy, now):
+    alerts_evaluate(cluster=busy, now=now)
+    alert = Alert.objects.get(cluster=busy, kind="xid")
+    assert alert.node.name == "node-02" and alert.gpu == 3 and alert.severity == "critical"
+    assert alert.state == "firing"
+
+
+def test_a_cluster_may_override_detector_thresholds(busy):
+    ClusterDetectorConfig.objects.create(cluster=busy, overrides={"heartbeat_min_s": 3})
+    assert detector_config(cluster=busy).heartbeat_min_s == 3
+    assert detector_config(cluster=Cluster.objects.create(name="x")).heartbeat_min_s == 30
+
+
+def test_the_run_summary_carries_goodput(busy, now):
+    run = Run.objects.get(cluster=busy, name="llama")
+    summary = run_summary(run=run, now=now)
+    assert summary["goodput"] == run_goodput(run=run, now=now)
+    assert 0 < summary["goodput"]["goodput"] <= 1
+    assert set(summary["goodput"]["badput"]) >= {"data", "checkpoint", "hang", "idle"}
+
+
+def test_a_run_without_steps_has_no_goodput(now):
+    run = Run.objects.create(cluster=Cluster.objects.create(name="quiet"), name="r")
+    assert run_summary(run=run, now=now)["goodput"] is None

@@ -1,0 +1,45 @@
+"""The package as a whole: purity, configuration, detect_all."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import detectors
+from detectors.config import DetectorConfig, config_for
+from tests.detectors.builders import cluster, last_ts, run, steps
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_it_imports_nothing_from_django():
+    code = (
+        "import sys, detectors, detectors.goodput; "
+        "bad = [m for m in sys.modules if m.startswith(('django', 'apps', 'opsboard'))]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_overrides_apply_per_cluster_and_reject_typos():
+    overrides = {"big": {"hang_min_s": 600, "straggler_steps": 50}}
+    assert config_for("small", overrides) == DetectorConfig()
+    big = config_for("big", overrides)
+    assert big.hang_min_s == 600.0 and big.straggler_steps == 50
+    with pytest.raises(ValueError, match="unknown"):
+        DetectorConfig().with_overrides({"hang_min": 1})
+    with pytest.raises(ValueError):
+        DetectorConfig().with_overrides({"straggler_steps": 2.5})
+
+
+def test_detect_all_orders_findings_and_keeps_one_per_subject():
+    rows = steps(count=30, compute=lambda r, s: 0.8 * (1.5 if r in (2, 9) else 1.0))
+    found = detectors.detect_all(cluster(run(rows)), last_ts(rows))
+    assert [(f.kind, f.subject) for f in found] == [
+        ("straggler", "run:r/rank:2"),
+        ("straggler", "run:r/rank:9"),
+    ]
+    assert detectors.detect_all(cluster(), 0.0) == []

@@ -1,0 +1,110 @@
+"""Silent data corruption: checksums and canaries that disagree with the replicas."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detectors import sdc
+from tests.detectors.builders import cluster, last_ts, run, steps
+
+PROJ = (0.125, -0.872, 0.0431, 1.502)
+
+
+def checks(bad: dict | None = None, *, shard=lambda r: None, every: int = 10, noise=None):
+    """Every `every` steps, equal checksums and canaries; `bad` maps (rank, step) → fields
+    to override (or rank → fields for every check)."""
+    bad = bad or {}
+
+    def extra(rank: int, step: int) -> dict:
+        if step % every:
+            return {"shard": shard(rank)}
+        wobble = noise(rank, step) if noise else 0.0
+        fields = {
+            "grad_checksum": f"g{step}-{shard(rank)}",
+            "param_checksum": f"p{step}-{shard(rank)}",
+            "canary_norm": 3.0412 * (1 + wobble),
+            "canary_proj": tuple(p * (1 + wobble) for p in PROJ),
+            "shard": shard(rank),
+        }
+        fields.update(bad.get((rank, step), bad.get(rank, {})))
+        return fields
+
+    return extra
+
+
+def findings(extra, ranks: int = 16, count: int = 40):
+    rows = steps(ranks=ranks, count=count, extra=extra)
+    return sdc.detect(cluster(run(rows)), last_ts(rows))
+
+
+def test_it_finds_nothing_when_replicas_agree():
+    assert findings(checks()) == []
+
+
+def test_a_wrong_canary_with_equal_params_means_wrong_gradients():
+    (f,) = findings(checks({5: {"canary_norm": 3.2}}))
+    assert f.kind == "sdc" and f.subject == "run:r/rank:5" and f.node == "n0"
+    assert "the GPU computes wrong gradients" in f.summary and "rank 5 on n0" in f.summary
+    assert f.evidence["disagreed"] == {"canary": 4} and f.severity == "critical"
+
+
+def test_a_diverged_param_checksum_means_corrupted_weights():
+    (f,) = findings(checks({9: {"param_checksum": "bad"}}))
+    assert "the replica's weights were corrupted" in f.summary and f.rank == 9
+
+
+def test_a_grad_checksum_alone_means_corruption_after_the_reduction():
+    (f,) = findings(checks({9: {"grad_checksum": "bad"}}))
+    assert f.evidence["cause"] == "corruption after the reduction"
+
+
+@pytest.mark.parametrize(("bad_checks", "severity"), [(1, "warning"), (2, "critical")])
+def test_it_is_critical_from_two_disagreeing_checks(bad_checks, severity):
+    bad = {(4, step): {"param_checksum": "x"} for step in (30, 20)[:bad_checks]}
+    (f,) = findings(checks(bad))
+    assert f.severity == severity and f.evidence["checks_disagreed"] == bad_checks
+
+
+@pytest.mark.parametrize(("rel", "expected"), [(0.9e-4, 0), (1.1e-4, 1)])
+def test_canaries_agree_within_the_relative_tolerance(rel, expected):
+    assert len(findings(checks({7: {"canary_norm": 3.0412 * (1 + rel)}}))) == expected
+
+
+def test_only_ranks_of_the_same_shard_are_compared():
+    shard = lambda r: f"tp{r % 2}"  # noqa: E731
+    assert findings(checks(shard=shard)) == []  # the two shards' checksums differ
+    (f,) = findings(checks({3: {"param_checksum": "x"}}, shard=shard))
+    assert f.rank == 3 and f.evidence["shard"] == "tp1"
+
+
+def test_two_replicas_that_disagree_are_both_ambiguous():
+    shard = lambda r: f"s{r // 2}"  # noqa: E731  (groups of 2)
+    found = findings(checks({6: {"param_checksum": "x"}}, shard=shard))
+    assert [f.rank for f in found] == [6, 7]
+    assert all(f.evidence["ambiguous"] for f in found)
+    assert "no majority" in found[0].summary and "rank 7" in found[0].summary
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32))
+def test_healthy_canary_noise_gives_no_finding(seed):
+    import random
+
+    rng = random.Random(seed)
+    noise = {(r, s): rng.uniform(-1e-7, 1e-7) for r in range(16) for s in range(0, 40, 10)}
+    assert findings(checks(noise=lambda r, s: noise[(r, s)])) == []
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.permutations(list(range(16))), st.integers(0, 15))
+def test_permuting_ranks_permutes_the_suspect(perm, culprit):
+    rows = steps(
+        ranks=16,
+        count=30,
+        extra=checks({culprit: {"param_checksum": "x"}}),
+        rank_of=perm.__getitem__,
+    )
+    (f,) = sdc.detect(cluster(run(rows)), last_ts(rows))
+    assert f.rank == perm[culprit]
