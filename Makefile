@@ -34,4 +34,7 @@ lint: install
 	$(PY) manage.py makemigrations --check --dry-run
 
 bench: install
-	$(PY) bench/ingest.py
+	$(PY) bench/ingest.py                 # as fast as the server answers
+	$(PY) bench/ingest.py --rate 120000   # a paced load: is it sustainable (flat backlog)?
+	$(PY) bench/detectors.py
+	$(PY) bench/agent_overhead.py

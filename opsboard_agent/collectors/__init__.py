@@ -7,18 +7,21 @@ unavailable once in the log and returns nothing."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from opsboard_agent.records import Event, Sample
 
 
-class Collector:
+class Collector(ABC):
     name = "collector"
 
-    def collect(self, now: float) -> list[Sample]:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abstractmethod
+    def collect(self, now: float) -> list[Sample]:
+        """Samples read at `now` (empty when the source is unavailable)."""
 
     def take_events(self) -> list[Event]:
         """Events seen since the last call (none by default)."""
         return []
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - most collectors hold nothing to release
         """Release what the collector holds (NVML, sockets); it is not used afterwards."""
