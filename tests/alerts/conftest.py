@@ -26,6 +26,21 @@ def finding(**fields) -> Finding:
     return Finding(**{**defaults, **fields})
 
 
+def xid_finding() -> Finding:
+    """An XID 79 on node-05's GPU 3 (a node-level, critical finding)."""
+    return finding(
+        kind="xid",
+        subject="node:node-05/gpu:3",
+        severity="critical",
+        summary="XID 79 on node-05 GPU 3: GPU has fallen off the bus",
+        run=None,
+        node="node-05",
+        rank=None,
+        gpu=3,
+        evidence={"code": 79},
+    )
+
+
 @pytest.fixture
 def cluster(db):
     cluster = Cluster.objects.create(name="alpha")

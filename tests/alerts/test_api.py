@@ -7,7 +7,7 @@ from apps.alerts.models import Alert, AuditEntry
 from apps.alerts.services import alerts_sync
 from apps.clusters.models import Cluster, Node
 from apps.clusters.services import token_issue
-from tests.alerts.conftest import finding, make_operator
+from tests.alerts.conftest import finding, make_operator, xid_finding
 
 T0 = 1_764_470_000.0
 CONTRACT_KEYS = {
@@ -51,17 +51,7 @@ def csrf_post(client: Client, path: str, body: dict):
 @pytest.fixture
 def alerts(cluster) -> dict[str, Alert]:
     Node.objects.create(cluster=cluster, name="node-05")
-    xid = finding(
-        kind="xid",
-        subject="node:node-05/gpu:3",
-        severity="critical",
-        summary="XID 79 on node-05 GPU 3: GPU has fallen off the bus",
-        run=None,
-        node="node-05",
-        rank=None,
-        gpu=3,
-        evidence={"code": 79},
-    )
+    xid = xid_finding()
     heartbeat = finding(kind="heartbeat", subject="node:node-05", node="node-05", run=None)
     with override_settings(ALERT_HOLD_DOWN_S=0):
         alerts_sync(cluster=cluster, findings=[finding()], now=T0)

@@ -15,7 +15,7 @@ import pytest
 from apps.alerts.models import Alert, WebhookDelivery, WebhookEndpoint
 from apps.alerts.services import WEBHOOK_SWEEP_AGE_S, alerts_sync, webhooks_sweep
 from apps.clusters.models import Cluster, Node
-from tests.alerts.conftest import finding
+from tests.alerts.conftest import finding, xid_finding
 from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -58,17 +58,7 @@ class Receiver:
 def test_an_opened_alert_reaches_each_webhook_once_after_a_failed_attempt(live_stack, live_db):
     cluster = Cluster.objects.create(name=f"hooks-{uuid.uuid4().hex[:6]}")
     Node.objects.create(cluster=cluster, name="node-05")
-    xid = finding(
-        kind="xid",
-        subject="node:node-05/gpu:3",
-        severity="critical",
-        summary="XID 79 on node-05 GPU 3: GPU has fallen off the bus",
-        run=None,
-        node="node-05",
-        rank=None,
-        gpu=3,
-        evidence={"code": 79},
-    )
+    xid = xid_finding()
     with Receiver() as receiver:
         WebhookEndpoint.objects.create(cluster=cluster, url=f"{receiver.url}/generic")
         WebhookEndpoint.objects.create(cluster=cluster, url=f"{receiver.url}/slack", format="slack")
