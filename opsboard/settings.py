@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "apps.ingest",
     "apps.live",
     "apps.alerts",
+    "apps.history",
 ]
 
 MIDDLEWARE = [
@@ -191,6 +192,20 @@ ALERT_IDLE_S = envfloat("ALERT_IDLE_S", 3600.0)
 ALERT_WEBHOOK_ATTEMPTS = envint("ALERT_WEBHOOK_ATTEMPTS", 5)
 ALERT_WEBHOOK_BACKOFF_S = envint("ALERT_WEBHOOK_BACKOFF_S", 2)
 ALERT_WEBHOOK_TIMEOUT_S = envfloat("ALERT_WEBHOOK_TIMEOUT_S", 5.0)
+
+# --- History: rollups and retention --------------------------------------------------------
+# Days each resolution is kept; 0 or empty keeps it forever. Raw = sample chunks and step
+# reports; late data older than the raw retention never reaches the rollups (docs/history.md).
+HISTORY_RAW_RETENTION_DAYS = float(env("HISTORY_RAW_RETENTION_DAYS", "7") or 0)
+HISTORY_1M_RETENTION_DAYS = float(env("HISTORY_1M_RETENTION_DAYS", "90") or 0)
+HISTORY_1H_RETENTION_DAYS = float(env("HISTORY_1H_RETENTION_DAYS", "0") or 0)
+# How often dirty buckets are rolled up: charts read raw data for the newest part of a range,
+# so this bounds how stale a replayed (late) bucket can look, not how current charts are.
+HISTORY_ROLLUP_INTERVAL = envfloat("HISTORY_ROLLUP_INTERVAL", 10.0)
+HISTORY_PRUNE_INTERVAL = envfloat("HISTORY_PRUNE_INTERVAL", 300.0)
+# Rows one pruning DELETE removes (one transaction each), and the most batches per table a run.
+HISTORY_PRUNE_BATCH = envint("HISTORY_PRUNE_BATCH", 20_000)
+HISTORY_PRUNE_MAX_BATCHES = envint("HISTORY_PRUNE_MAX_BATCHES", 50)
 
 # --- Ingest ------------------------------------------------------------------------------
 INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024)

@@ -1,0 +1,70 @@
+"""Seeding history through the ingest services (so dirty ranges are recorded as in production)."""
+
+from __future__ import annotations
+
+from apps.clusters.models import Cluster, Node
+from apps.runs.models import Run
+from apps.runs.services import steps_store
+from apps.telemetry.services import samples_group, samples_store
+
+
+def cluster_nodes(count: int, name: str = "c") -> list[Node]:
+    cluster = Cluster.objects.create(name=name)
+    return [Node.objects.create(cluster=cluster, name=f"n{index:02d}") for index in range(count)]
+
+
+def value_at(ts: float, gpu: int) -> float:
+    """A deterministic, uneven gauge value so that sums, mins and maxes all differ."""
+    return float((int(ts) * 7 + gpu * 13) % 101) + 0.25
+
+
+def samples_put(
+    node: Node, start: float, seconds: int, gpus: range = range(2), metric: str = "gpu.util"
+) -> None:
+    """One batch per 10 s of 1 Hz samples of `metric` on these GPUs (and the host when -1)."""
+    for offset in range(0, seconds, 10):
+        samples = [
+            {
+                "ts": start + t,
+                "metric": metric,
+                "gpu": None if gpu == -1 else gpu,
+                "value": value_at(start + t, gpu),
+            }
+            for t in range(offset, min(offset + 10, seconds))
+            for gpu in gpus
+        ]
+        samples_store(series=samples_group(samples_by_node={node.id: samples}))
+
+
+def steps_put(
+    run: Run,
+    node: Node,
+    start: float,
+    seconds: int,
+    ranks: int,
+    slow_rank: int | None = None,
+) -> None:
+    """One step per second per rank; `slow_rank` takes 3 s instead of 1 s a step."""
+    rows = []
+    for t in range(seconds):
+        for rank in range(ranks):
+            step_time = 3.0 if rank == slow_rank else 1.0
+            rows.append(
+                (
+                    run.id,
+                    node.id,
+                    {
+                        "ts": start + t,
+                        "rank": rank,
+                        "step": t,
+                        "step_time": step_time,
+                        "data_time": 0.1,
+                        "h2d_time": 0.05,
+                        "compute_time": 0.6,
+                        "comm_wait": step_time - 0.75,
+                        "tokens": 1000,
+                        "loss": 2.0 + (t % 10) / 10,
+                    },
+                )
+            )
+    steps_store(steps=rows)
