@@ -206,6 +206,16 @@ HISTORY_PRUNE_INTERVAL = envfloat("HISTORY_PRUNE_INTERVAL", 300.0)
 # Rows one pruning DELETE removes (one transaction each), and the most batches per table a run.
 HISTORY_PRUNE_BATCH = envint("HISTORY_PRUNE_BATCH", 20_000)
 HISTORY_PRUNE_MAX_BATCHES = envint("HISTORY_PRUNE_MAX_BATCHES", 50)
+CELERY_BEAT_SCHEDULE["history-rollup"] = {
+    "task": "history.rollups_refresh",
+    "schedule": HISTORY_ROLLUP_INTERVAL,
+    "options": {"expires": HISTORY_ROLLUP_INTERVAL},
+}
+CELERY_BEAT_SCHEDULE["history-prune"] = {
+    "task": "history.prune",
+    "schedule": HISTORY_PRUNE_INTERVAL,
+    "options": {"expires": HISTORY_PRUNE_INTERVAL},
+}
 
 # --- Ingest ------------------------------------------------------------------------------
 INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024)

@@ -9,6 +9,7 @@ from typing import Any
 from django.db import connection
 from psycopg.types.json import Jsonb
 
+from apps.history.services import runs_mark_dirty
 from apps.telemetry.services import to_datetime
 
 
@@ -92,9 +93,11 @@ STEP_TYPES = [
 
 
 def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> int:
-    """COPY step reports given as (run id, node id, step record); returns the count."""
+    """COPY step reports given as (run id, node id, step record) and mark each run's range
+    dirty for the history rollups (in the caller's transaction); returns the count."""
     if not steps:
         return 0
+    dirty: dict[int, tuple[datetime, datetime]] = {}
     with (
         connection.connection.cursor() as cursor,
         cursor.copy(
@@ -104,11 +107,14 @@ def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> int:
         copy.set_types(STEP_TYPES)
         for run_id, node_id, step in steps:
             canary = step.get("canary") or {}
+            ts = to_datetime(step["ts"])
+            first, last = dirty.get(run_id, (ts, ts))
+            dirty[run_id] = (min(first, ts), max(last, ts))
             copy.write_row(
                 (
                     run_id,
                     node_id,
-                    to_datetime(step["ts"]),
+                    ts,
                     step["rank"],
                     step["step"],
                     step["step_time"],
@@ -125,6 +131,7 @@ def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> int:
                     step.get("shard"),
                 )
             )
+    runs_mark_dirty(ranges=dirty)
     return len(steps)
 
 

@@ -20,6 +20,7 @@ import orjson
 from django.conf import settings
 from django.db import connection, transaction
 
+from apps.history.services import series_mark_dirty
 from apps.telemetry.models import HOST_GPU
 
 CHUNK_COLUMNS = "(node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, offsets_ms, vals)"
@@ -79,11 +80,13 @@ def samples_group(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> Series
 
 
 def samples_store(*, series: Series) -> int:
-    """COPY one chunk row per series; returns the sample count."""
+    """COPY one chunk row per series and mark its range dirty for the history rollups (in
+    the caller's transaction); returns the sample count."""
     if not series:
         return 0
     ids = metric_ids(names={metric for _, metric, _ in series})
     count = 0
+    dirty = []
     with (
         connection.connection.cursor() as cursor,
         cursor.copy(f"COPY telemetry_chunk {CHUNK_COLUMNS} FROM STDIN (FORMAT BINARY)") as copy,
@@ -109,6 +112,8 @@ def samples_store(*, series: Series) -> int:
                 )
             )
             count += len(points)
+            dirty.append((node_id, ids[metric], gpu, to_datetime(t0), to_datetime(points[-1][0])))
+    series_mark_dirty(ranges=dirty)
     return count
 
 
