@@ -72,6 +72,7 @@ INSTALLED_APPS = [
     "apps.live",
     "apps.alerts",
     "apps.history",
+    "apps.dashboard",
 ]
 
 MIDDLEWARE = [
@@ -250,6 +251,12 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    # static/vendor/plotly.min.js from the installed plotly package (no CDN, no copy in git)
+    "apps.dashboard.finders.PlotlyFinder",
+]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {

@@ -16,5 +16,5 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", healthz),
-    path("", include("apps.live.urls")),
+    path("", include("apps.dashboard.urls")),
 ]

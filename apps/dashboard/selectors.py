@@ -1,0 +1,310 @@
+"""Reads for the dashboard pages: time ranges, tile health, checksum agreement, events.
+
+Every function here runs a fixed number of queries whatever the number of nodes or ranks."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Q
+
+from apps.alerts.choices import OPEN_STATES, AlertState
+from apps.alerts.models import Alert
+from apps.clusters.choices import NodeState
+from apps.clusters.models import Cluster, Node
+from apps.runs.choices import RunState
+from apps.runs.models import Run, RunEvent, StepReport
+from detectors.config import DEFAULT_CONFIG
+from detectors.sdc import _minority_canary, _minority_exact
+from detectors.types import StepRow
+
+# The range picker: key → seconds back from the end; "all" is the whole run (or, for a
+# node, the contract's 7 days of history).
+RANGES: dict[str, int | None] = {"15m": 900, "1h": 3600, "6h": 21_600, "24h": 86_400, "all": None}
+NODE_HISTORY_S = 7 * 86_400
+# Tile colours, worst last; "cordoned" and "nodata" are states of their own, not severities.
+TILE_ORDER = ("ok", "warning", "critical", "down")
+TILE_STATES = ("ok", "warning", "critical", "down", "cordoned", "nodata")
+# Thresholds of a GPU tile's own colour (alerts can only make it worse). The page's JS
+# applies the same rules to live deltas, with these values handed over by json_script.
+HEALTH_RULES = {
+    "temp_warning_c": 80.0,
+    "temp_critical_c": 85.0,
+    "mem_warning_ratio": 0.95,
+    # NVML clocks-event reasons: HW slowdown, SW thermal, HW thermal, HW power brake
+    "throttle_warning_mask": 0x08 | 0x20 | 0x40 | 0x80,
+    # a node silent this long is down (the heartbeat alert says so too, a little later)
+    "silent_down_s": max(90.0, 3 * DEFAULT_CONFIG.heartbeat_min_s),
+}
+OVERVIEW_ALERTS = 10
+PAGE_ALERTS = 50
+ALERTS_PAGE_LIMIT = 200
+CHECKED_STEPS_MAX = 200
+NODE_EVENTS_MAX = 200
+NODE_EVENT_KINDS = ("xid", "ecc")
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    key: str
+    start: float
+    end: float
+
+
+class RangeInvalid(ValueError):
+    pass
+
+
+def time_range(*, key: str, now: float, run: Run | None = None) -> TimeRange:
+    """The picker's range ending now; "all" starts with the run (or NODE_HISTORY_S ago)."""
+    if key not in RANGES:
+        raise RangeInvalid(f"must be one of {', '.join(RANGES)}")
+    seconds = RANGES[key]
+    if seconds is not None:
+        return TimeRange(key, now - seconds, now)
+    start = run.created_at.timestamp() if run is not None else now - NODE_HISTORY_S
+    return TimeRange(key, min(start, now - 60), now)
+
+
+def cluster_of(*, name: str) -> Cluster | None:
+    return Cluster.objects.filter(name=name).first()
+
+
+def run_of(*, cluster: Cluster, name: str) -> Run | None:
+    return Run.objects.filter(cluster=cluster, name=name).first()
+
+
+def node_of(*, cluster: Cluster, name: str) -> Node | None:
+    return Node.objects.filter(cluster=cluster, name=name).first()
+
+
+def running_runs(*, cluster: Cluster, now: float) -> list[Run]:
+    """Runs in state running that stepped within the alerts' idle limit (or just began)."""
+    recent = datetime.fromtimestamp(now - settings.ALERT_IDLE_S, UTC)
+    return list(
+        Run.objects.filter(cluster=cluster, state=RunState.RUNNING)
+        .filter(Q(last_step_at__gte=recent) | Q(last_step_at__isnull=True, created_at__gte=recent))
+        .order_by("name")
+    )
+
+
+def open_alerts(*, cluster: Cluster) -> list[Alert]:
+    return list(
+        Alert.objects.filter(cluster=cluster, state__in=OPEN_STATES)
+        .select_related("cluster", "run", "node", "acknowledged_by")
+        .order_by("-opened_at", "-id")
+    )
+
+
+def alerts_filtered(
+    *,
+    cluster: Cluster | None = None,
+    kind: str = "",
+    state: str = "",
+    run: str = "",
+    node: str = "",
+    limit: int = ALERTS_PAGE_LIMIT,
+) -> list[Alert]:
+    """Alerts newest first, narrowed by any of the given filters (empty: no filter)."""
+    alerts = Alert.objects.select_related("cluster", "run", "node", "acknowledged_by")
+    if cluster is not None:
+        alerts = alerts.filter(cluster=cluster)
+    for field, value in (("kind", kind), ("state", state), ("run__name", run)):
+        if value:
+            alerts = alerts.filter(**{field: value})
+    if node:
+        alerts = alerts.filter(node__name=node)
+    return list(alerts.order_by("-opened_at", "-id")[:limit])
+
+
+def alert_kinds() -> list[str]:
+    return sorted(Alert.objects.values_list("kind", flat=True).distinct())
+
+
+def gpu_health(values: dict[str, Any]) -> str:
+    """A GPU's own colour from its latest values (HEALTH_RULES)."""
+    temp = values.get("gpu.temp_c")
+    if temp is not None and temp >= HEALTH_RULES["temp_critical_c"]:
+        return "critical"
+    if temp is not None and temp >= HEALTH_RULES["temp_warning_c"]:
+        return "warning"
+    used, total = values.get("gpu.mem_used_bytes"), values.get("gpu.mem_total_bytes")
+    if used is not None and total and used / total >= HEALTH_RULES["mem_warning_ratio"]:
+        return "warning"
+    throttle = values.get("gpu.throttle_reasons")
+    if throttle is not None and int(throttle) & HEALTH_RULES["throttle_warning_mask"]:
+        return "warning"
+    return "ok"
+
+
+def _worse(a: str, b: str) -> str:
+    return a if TILE_ORDER.index(a) >= TILE_ORDER.index(b) else b
+
+
+def node_tiles(
+    *, node: dict[str, Any], alerts: list[dict[str, Any]], now: float
+) -> list[dict[str, Any]]:
+    """One tile per GPU of a node (node_health_list's shape) with its state: down (node down,
+    silent, or a heartbeat alert), cordoned (cordoned or draining), nodata (no GPU reading),
+    else the worse of the GPU's own health and its open alerts' severity (alerts on the node
+    without a GPU count for every GPU)."""
+    mine = [a for a in alerts if a["node"] == node["node"] and a["state"] in OPEN_STATES]
+    silent = node["last_seen"] is None or now - node["last_seen"] > HEALTH_RULES["silent_down_s"]
+    down = node["state"] == NodeState.DOWN or silent or any(a["kind"] == "heartbeat" for a in mine)
+    cordoned = node["state"] in (NodeState.CORDONED, NodeState.DRAINING)
+    gpus = sorted(int(key) for key in node["health"] if key != "host")
+    count = max([node["gpus"] or 0, *(g + 1 for g in gpus)])
+    tiles = []
+    for gpu in range(count):
+        values = node["health"].get(str(gpu))
+        if down:
+            state = "down"
+        elif cordoned:
+            state = "cordoned"
+        elif values is None:
+            state = "nodata"
+        else:
+            state = gpu_health(values)
+            for alert in mine:
+                if alert["gpu"] in (None, gpu):
+                    state = _worse(state, alert["severity"])
+        tiles.append({"gpu": gpu, "state": state, "values": values or {}})
+    return tiles
+
+
+def checksum_agreement(
+    *, run: Run, start: float, end: float, limit: int = CHECKED_STEPS_MAX
+) -> list[dict[str, Any]]:
+    """Per checked step (newest `limit` in the range, oldest first): how many ranks reported a
+    check and which disagreed with their shard's majority — by gradient checksum, parameter
+    checksum or canary (the rules of detectors.sdc, so the page names the ranks an alert
+    names). One query."""
+    rows = list(
+        StepReport.objects.filter(
+            run=run,
+            ts__gte=datetime.fromtimestamp(start, UTC),
+            ts__lt=datetime.fromtimestamp(end, UTC),
+        )
+        .filter(
+            Q(grad_checksum__isnull=False)
+            | Q(param_checksum__isnull=False)
+            | Q(canary_norm__isnull=False)
+        )
+        .order_by("-step", "rank")
+        .values_list(
+            "step",
+            "ts",
+            "rank",
+            "shard",
+            "grad_checksum",
+            "param_checksum",
+            "canary_norm",
+            "canary_proj",
+        )[: limit * max(run.world_size, 1)]
+    )
+    groups: dict[int, dict[str | None, dict[int, StepRow]]] = defaultdict(lambda: defaultdict(dict))
+    times: dict[int, float] = {}
+    for step, ts, rank, shard, grad, param, norm, proj in rows:
+        groups[step][shard][rank] = StepRow(
+            node="", rank=rank, step=step, ts=ts.timestamp(), step_time=0.0,
+            grad_checksum=grad, param_checksum=param, canary_norm=norm,
+            canary_proj=tuple(proj) if proj else None, shard=shard,
+        )  # fmt: skip
+        times[step] = max(times.get(step, 0.0), ts.timestamp())
+    return [_step_agreement(step, times[step], groups[step]) for step in sorted(groups)[-limit:]]
+
+
+def _step_agreement(step: int, ts: float, shards: dict[str | None, dict[int, StepRow]]) -> dict:
+    rtol = DEFAULT_CONFIG.sdc_canary_rtol
+    out: dict[str, Any] = {
+        "step": step,
+        "ts": ts,
+        "ranks": 0,
+        "grad": [],
+        "param": [],
+        "canary": [],
+    }
+    for rows in shards.values():
+        out["ranks"] += len(rows)
+        out["grad"] += _minority_exact({r: row.grad_checksum for r, row in rows.items()})[0]
+        out["param"] += _minority_exact({r: row.param_checksum for r, row in rows.items()})[0]
+        out["canary"] += _minority_canary(rows, rtol)[0]
+    out["shards"] = sorted(s or "" for s in shards)
+    for check in ("grad", "param", "canary"):
+        out[check] = sorted(out[check])
+    return out
+
+
+def checkpoint_events(*, run: Run, start: float, end: float) -> list[dict[str, Any]]:
+    """The run's checkpoint events in the range, oldest first, with the contract's fields."""
+    events = RunEvent.objects.filter(
+        run=run,
+        kind="checkpoint",
+        ts__gte=datetime.fromtimestamp(start, UTC),
+        ts__lt=datetime.fromtimestamp(end, UTC),
+    ).order_by("ts", "id")
+    return [
+        {
+            "ts": event.ts.timestamp(),
+            "step": event.step,
+            "tier": event.data.get("tier"),
+            "state": event.data.get("state"),
+            "path": event.data.get("path"),
+            "bytes": event.data.get("bytes"),
+            "duration": event.data.get("duration"),
+        }
+        for event in events
+    ]
+
+
+def node_events(*, node: Node, limit: int = NODE_EVENTS_MAX) -> list[dict[str, Any]]:
+    """The node's newest XID and ECC events."""
+    events = RunEvent.objects.filter(node=node, kind__in=NODE_EVENT_KINDS).order_by("-ts", "-id")
+    return [
+        {
+            "ts": event.ts.timestamp(),
+            "at": event.ts,
+            "kind": event.kind,
+            "gpu": event.gpu,
+            "code": event.data.get("code"),
+            "count": event.data.get("count"),
+            "message": event.data.get("message", ""),
+        }
+        for event in events[:limit]
+    ]
+
+
+def rank_busy_history(*, run: Run, start: float, end: float, buckets: int = 120) -> dict[str, Any]:
+    """Per rank and time bucket: the mean step time less collective wait (the rank's own
+    work). In synchronous training every rank's step_time is the same — the fast ranks wait
+    in the all-reduce for the slow one — so it is this time, not step_time, in which a
+    straggler stands out. One query: {"ts": bucket starts, "ranks": [...], "z": rank ×
+    bucket (None where a rank reported nothing)}."""
+    width = max((end - start) / buckets, 1.0)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT rank, floor((extract(epoch FROM ts) - %(start)s) / %(width)s)::int AS b,"
+            " avg(step_time - coalesce(comm_wait, 0))"
+            " FROM runs_stepreport WHERE run_id = %(run)s"
+            " AND ts >= to_timestamp(%(start)s) AND ts < to_timestamp(%(end)s)"
+            " GROUP BY rank, b ORDER BY rank, b",
+            {"run": run.id, "start": start, "end": end, "width": width},
+        )
+        rows = cursor.fetchall()
+    used = sorted({b for _, b, _ in rows})
+    column = {b: i for i, b in enumerate(used)}
+    ranks = sorted({rank for rank, _, _ in rows})
+    row_of = {rank: i for i, rank in enumerate(ranks)}
+    z: list[list[float | None]] = [[None] * len(used) for _ in ranks]
+    for rank, b, value in rows:
+        z[row_of[rank]][column[b]] = round(value, 6)
+    return {"ts": [start + b * width for b in used], "ranks": ranks, "z": z, "resolution_s": width}
+
+
+def alert_ack_open(alert: Alert) -> bool:
+    return alert.state == AlertState.FIRING

@@ -1,0 +1,242 @@
+"""The dashboard pages (login required) and their chart endpoints (JSON and CSV)."""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from apps.alerts.choices import AlertState
+from apps.alerts.selectors import alert_get, alert_json
+from apps.alerts.services import AlertAlreadyAcknowledged, AlertResolved, alert_acknowledge
+from apps.clusters.selectors import cluster_list
+from apps.dashboard import charts, selectors
+from apps.dashboard.selectors import HEALTH_RULES, RANGES, RangeInvalid, TimeRange
+from apps.live.selectors import node_health_list
+from apps.runs.selectors import run_summary
+from opsboard.errors import error_response
+
+ACKNOWLEDGE_PERMISSION = "alerts.acknowledge_alert"
+DEFAULT_RANGE = "1h"
+
+
+def _cluster_or_404(name: str):
+    cluster = selectors.cluster_of(name=name)
+    if cluster is None:
+        raise Http404("no such cluster")
+    return cluster
+
+
+def _live_config(cluster_names: list[str]) -> dict:
+    return {"clusters": cluster_names, "ws_port": settings.LIVE_WS_PORT}
+
+
+@login_required
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    clusters = cluster_list()
+    if len(clusters) == 1:
+        return redirect("cluster-overview", cluster=clusters[0].name)
+    return render(request, "dashboard/home.html", {"clusters": clusters})
+
+
+@login_required
+@require_GET
+def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
+    found = _cluster_or_404(cluster)
+    now = time.time()
+    nodes = node_health_list(cluster_id=found.id)
+    alert_rows = selectors.open_alerts(cluster=found)
+    open_alerts = [alert_json(a) for a in alert_rows]
+    rows = [{**node, "tiles": selectors.node_tiles(node=node, alerts=open_alerts, now=now)}
+            for node in nodes]  # fmt: skip
+    tiles = [tile for row in rows for tile in row["tiles"]]
+    context = {
+        "cluster": found,
+        "nodes": rows,
+        "runs": selectors.running_runs(cluster=found, now=now),
+        "healthy_gpus": sum(tile["state"] == "ok" for tile in tiles),
+        "total_gpus": len(tiles),
+        "firing": sum(a["state"] == AlertState.FIRING for a in open_alerts),
+        "newest_alert_rows": alert_rows[: selectors.OVERVIEW_ALERTS],
+        "tile_states": selectors.TILE_STATES,
+        "page_data": {"nodes": nodes, "alerts": open_alerts, "rules": HEALTH_RULES},
+        "live": _live_config([found.name]),
+    }
+    return render(request, "dashboard/overview.html", context)
+
+
+def _range_key(request: HttpRequest, default: str) -> str:
+    return request.GET.get("range", default)
+
+
+def _chart_panels(names, figures: dict[str, dict], base_url: str, tr: TimeRange) -> list[dict]:
+    return [
+        {"name": name, "figure_id": f"figure-{name}", "figure": figures[name],
+         "url": f"{base_url}charts/{name}", "range": tr.key}
+        for name in names
+    ]  # fmt: skip
+
+
+@login_required
+@require_GET
+def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
+    found = _cluster_or_404(cluster)
+    run_found = selectors.run_of(cluster=found, name=run)
+    if run_found is None:
+        raise Http404("no such run")
+    now = time.time()
+    key = _range_key(request, DEFAULT_RANGE if run_found.state == "running" else "all")
+    try:
+        tr = selectors.time_range(key=key, now=now, run=run_found)
+    except RangeInvalid:
+        tr = selectors.time_range(key=DEFAULT_RANGE, now=now, run=run_found)
+    summary = run_summary(run=run_found, now=now)
+    ctx = charts.RunContext(run=run_found, summary=summary)
+    figures = {name: build(ctx, tr) for name, build in charts.RUN_CHARTS.items()}
+    alerts = selectors.alerts_filtered(
+        cluster=found, run=run_found.name, limit=selectors.PAGE_ALERTS
+    )
+    context = {
+        "cluster": found,
+        "run": run_found,
+        "summary": summary,
+        "panels": _chart_panels(charts.RUN_CHARTS, figures, request.path, tr),
+        "alerts": alerts,
+        "checks": selectors.checksum_agreement(run=run_found, start=tr.start, end=tr.end),
+        "ranges": RANGES,
+        "live": _live_config([found.name]),
+        "page_data": {"watch_nodes": summary["nodes"]},
+    }
+    return render(request, "dashboard/run.html", context)
+
+
+@login_required
+@require_GET
+def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
+    found = _cluster_or_404(cluster)
+    node_found = selectors.node_of(cluster=found, name=node)
+    if node_found is None:
+        raise Http404("no such node")
+    now = time.time()
+    try:
+        tr = selectors.time_range(key=_range_key(request, DEFAULT_RANGE), now=now)
+    except RangeInvalid:
+        tr = selectors.time_range(key=DEFAULT_RANGE, now=now)
+    figures = {name: charts.node_metric_figure(node_found, name, tr) for name in charts.NODE_CHARTS}
+    alerts = selectors.alerts_filtered(
+        cluster=found, node=node_found.name, limit=selectors.PAGE_ALERTS
+    )
+    health = node_health_list(node_ids=[node_found.id])[0]
+    context = {
+        "cluster": found,
+        "node": node_found,
+        "health": health,
+        "tiles": selectors.node_tiles(node=health, alerts=[alert_json(a) for a in alerts], now=now),
+        "panels": _chart_panels(charts.NODE_CHARTS, figures, request.path, tr),
+        "events": selectors.node_events(node=node_found),
+        "alerts": alerts,
+        "ranges": RANGES,
+        "live": _live_config([found.name]),
+        "page_data": {"watch_nodes": [node_found.name]},
+    }
+    return render(request, "dashboard/node.html", context)
+
+
+ALERT_FILTERS = ("cluster", "kind", "state", "run", "node")
+
+
+@login_required
+@require_GET
+def alerts_page(request: HttpRequest) -> HttpResponse:
+    filters = {name: request.GET.get(name, "").strip() for name in ALERT_FILTERS}
+    clusters = cluster_list()
+    cluster = next((c for c in clusters if c.name == filters["cluster"]), None)
+    if filters["cluster"] and cluster is None:
+        raise Http404("no such cluster")
+    alerts = selectors.alerts_filtered(
+        cluster=cluster, **{k: v for k, v in filters.items() if k != "cluster"}
+    )
+    context = {
+        "alerts": alerts,
+        "filters": filters,
+        "clusters": clusters,
+        "kinds": selectors.alert_kinds(),
+        "states": AlertState.values,
+        "live": _live_config(
+            sorted({a.cluster.name for a in alerts} or {c.name for c in clusters})
+        ),
+    }
+    return render(request, "dashboard/alerts.html", context)
+
+
+@login_required
+@require_POST
+def alert_ack(request: HttpRequest, alert_id: int) -> HttpResponse:
+    """Acknowledge with a note (CSRF-protected form; the acknowledge permission)."""
+    if not request.user.has_perm(ACKNOWLEDGE_PERMISSION):
+        return HttpResponseForbidden("you may not acknowledge alerts")
+    alert = alert_get(alert_id=alert_id)
+    if alert is None:
+        raise Http404("no such alert")
+    note = request.POST.get("note", "")[:2000]
+    try:
+        alert_acknowledge(alert=alert, user=request.user, note=note)
+        messages.success(request, f"Alert {alert_id} acknowledged.")
+    except (AlertResolved, AlertAlreadyAcknowledged) as error:
+        messages.warning(request, f"Alert {alert_id} not acknowledged: {error}")
+    back = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+        back = "/alerts/"
+    return redirect(back)
+
+
+def _chart_response(figure: dict, tr: TimeRange, chart: str, fmt: str) -> HttpResponse:
+    if fmt == "csv":
+        response = HttpResponse(charts.figure_csv(figure), content_type="text/csv")
+        response["Content-Disposition"] = f'attachment; filename="{chart}-{tr.key}.csv"'
+        return response
+    body = {"chart": chart, "range": tr.key, "start": tr.start, "end": tr.end, "figure": figure}
+    return JsonResponse(body, json_dumps_params={"allow_nan": False, "default": str})
+
+
+def _chart_range(request: HttpRequest, **kwargs) -> TimeRange | HttpResponse:
+    try:
+        return selectors.time_range(
+            key=request.GET.get("range", DEFAULT_RANGE), now=time.time(), **kwargs
+        )
+    except RangeInvalid as error:
+        return error_response(400, [{"loc": "range", "msg": str(error)}])
+
+
+@login_required
+@require_GET
+def run_chart(request: HttpRequest, cluster: str, run: str, chart: str, fmt: str) -> HttpResponse:
+    found = _cluster_or_404(cluster)
+    run_found = selectors.run_of(cluster=found, name=run)
+    if run_found is None or chart not in charts.RUN_CHARTS:
+        raise Http404("no such run or chart")
+    tr = _chart_range(request, run=run_found)
+    if isinstance(tr, HttpResponse):
+        return tr
+    figure = charts.RUN_CHARTS[chart](charts.RunContext(run=run_found), tr)
+    return _chart_response(figure, tr, chart, fmt)
+
+
+@login_required
+@require_GET
+def node_chart(request: HttpRequest, cluster: str, node: str, chart: str, fmt: str) -> HttpResponse:
+    found = _cluster_or_404(cluster)
+    node_found = selectors.node_of(cluster=found, name=node)
+    if node_found is None or chart not in charts.NODE_CHARTS:
+        raise Http404("no such node or chart")
+    tr = _chart_range(request)
+    if isinstance(tr, HttpResponse):
+        return tr
+    return _chart_response(charts.node_metric_figure(node_found, chart, tr), tr, chart, fmt)

@@ -1,0 +1,52 @@
+// The live feed of the page's clusters: /ws/clusters/<name>/ sends a snapshot, then numbered
+// deltas (a gap in seq asks for a resync) and alert changes. Each message is re-dispatched on
+// `document` as "opsboard:snapshot" / "opsboard:delta" / "opsboard:alert" for the page's scripts.
+(function () {
+  "use strict";
+  const config = JSON.parse(document.getElementById("live-config").textContent);
+  const status = document.getElementById("live-status");
+  const open = new Map();
+
+  function showStatus() {
+    const all = config.clusters.length > 0 && config.clusters.every((name) => open.get(name));
+    const everConnected = open.size > 0;
+    status.dataset.state = all ? "live" : everConnected ? "reconnecting" : "connecting";
+    status.textContent = all ? "live" : everConnected ? "reconnecting…" : "connecting…";
+  }
+
+  function emit(name, detail) { document.dispatchEvent(new CustomEvent(`opsboard:${name}`, { detail })); }
+
+  function socketUrl(cluster) {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const host = config.ws_port ? `${location.hostname}:${config.ws_port}` : location.host;
+    return `${scheme}://${host}/ws/clusters/${encodeURIComponent(cluster)}/`;
+  }
+
+  function connect(cluster, retry) {
+    let seq = null;
+    const socket = new WebSocket(socketUrl(cluster));
+    socket.onopen = () => { retry = 500; open.set(cluster, true); showStatus(); };
+    socket.onmessage = (message) => {
+      const data = JSON.parse(message.data);
+      if (data.type === "snapshot") {
+        seq = data.seq;
+        emit("snapshot", { cluster, nodes: data.nodes });
+      } else if (data.type === "delta") {
+        if (seq !== null && data.seq <= seq) return;  // already in the snapshot
+        // Deltas carry whole node states: apply this one, and ask for what was missed.
+        if (seq !== null && data.seq !== seq + 1) socket.send(JSON.stringify({ type: "resync" }));
+        seq = data.seq;
+        emit("delta", { cluster, nodes: data.nodes });
+      } else if (data.type === "alert") {
+        emit("alert", { cluster, alert: data.alert });
+      }
+    };
+    socket.onclose = () => {
+      open.set(cluster, false); showStatus();
+      setTimeout(() => connect(cluster, Math.min(retry * 2, 10000)), retry);
+    };
+  }
+
+  showStatus();
+  config.clusters.forEach((cluster) => connect(cluster, 500));
+})();

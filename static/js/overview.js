@@ -1,0 +1,108 @@
+// Cluster overview: GPU tiles coloured by health, live from the websocket; counts; state filter.
+// The colour rules mirror apps/dashboard/selectors.py (node_tiles, gpu_health); their
+// thresholds come from the server in page-data.rules.
+(function () {
+  "use strict";
+  const page = JSON.parse(document.getElementById("page-data").textContent);
+  const rules = page.rules;
+  const grid = document.getElementById("node-grid");
+  const nodes = new Map(page.nodes.map((node) => [node.node, node]));
+  const alerts = new Map(page.alerts.map((alert) => [alert.id, alert]));
+  const ORDER = ["ok", "warning", "critical", "down"];
+  const OPEN = ["firing", "acknowledged"];
+
+  function worse(a, b) { return ORDER.indexOf(a) >= ORDER.indexOf(b) ? a : b; }
+
+  function gpuHealth(v) {
+    const temp = v["gpu.temp_c"];
+    if (temp !== undefined && temp >= rules.temp_critical_c) return "critical";
+    if (temp !== undefined && temp >= rules.temp_warning_c) return "warning";
+    const used = v["gpu.mem_used_bytes"], total = v["gpu.mem_total_bytes"];
+    if (used !== undefined && total && used / total >= rules.mem_warning_ratio) return "warning";
+    const throttle = v["gpu.throttle_reasons"];
+    if (throttle !== undefined && (throttle & rules.throttle_warning_mask)) return "warning";
+    return "ok";
+  }
+
+  function tiles(node) {
+    const now = Date.now() / 1000;
+    const mine = [...alerts.values()].filter((a) => a.node === node.node && OPEN.includes(a.state));
+    const silent = node.last_seen === null || now - node.last_seen > rules.silent_down_s;
+    const down = node.state === "down" || silent || mine.some((a) => a.kind === "heartbeat");
+    const cordoned = node.state === "cordoned" || node.state === "draining";
+    const gpus = Object.keys(node.health).filter((k) => k !== "host").map(Number);
+    const count = Math.max(node.gpus || 0, ...gpus.map((g) => g + 1));
+    const out = [];
+    for (let gpu = 0; gpu < count; gpu++) {
+      const values = node.health[String(gpu)];
+      let state;
+      if (down) state = "down";
+      else if (cordoned) state = "cordoned";
+      else if (!values) state = "nodata";
+      else {
+        state = gpuHealth(values);
+        mine.filter((a) => a.gpu === null || a.gpu === gpu).forEach((a) => { state = worse(state, a.severity); });
+      }
+      out.push({ gpu, state, values: values || {} });
+    }
+    return out;
+  }
+
+  function describe(node, tile) {
+    const v = tile.values, parts = [`${node.node} GPU ${tile.gpu}: ${tile.state}`];
+    if (v["gpu.util"] !== undefined) parts.push(`${v["gpu.util"].toFixed(0)} %`);
+    if (v["gpu.temp_c"] !== undefined) parts.push(`${v["gpu.temp_c"].toFixed(0)} °C`);
+    return parts.join(" · ");
+  }
+
+  function nodeHref(node) { return `nodes/${encodeURIComponent(node.node)}/`; }
+
+  function card(node) {
+    let element = grid.querySelector(`.node-card[data-node="${CSS.escape(node.node)}"]`);
+    if (element) return element;
+    element = document.createElement("div");
+    element.className = "node-card"; element.dataset.node = node.node;
+    const name = document.createElement("a");
+    name.className = "node-name"; name.href = nodeHref(node); name.textContent = node.node;
+    const box = document.createElement("div"); box.className = "tiles";
+    element.append(name, box);
+    grid.appendChild(element);
+    return element;
+  }
+
+  function render(node) {
+    const element = card(node);
+    element.dataset.nodeState = node.state;
+    const box = element.querySelector(".tiles");
+    tiles(node).forEach((tile) => {
+      let a = box.children[tile.gpu];
+      if (!a) { a = document.createElement("a"); a.className = "tile"; a.href = nodeHref(node); box.appendChild(a); }
+      a.dataset.gpu = String(tile.gpu); a.dataset.state = tile.state; a.title = describe(node, tile);
+    });
+  }
+
+  function counts() {
+    document.getElementById("count-gpus").textContent = grid.querySelectorAll(".tile").length;
+    document.getElementById("count-healthy").textContent = grid.querySelectorAll('.tile[data-state="ok"]').length;
+    document.getElementById("count-firing").textContent = [...alerts.values()].filter((a) => a.state === "firing").length;
+  }
+
+  function renderAll() { nodes.forEach(render); counts(); }
+
+  function apply(list) { list.forEach((node) => { nodes.set(node.node, node); render(node); }); counts(); }
+
+  document.addEventListener("opsboard:snapshot", (event) => apply(event.detail.nodes));
+  document.addEventListener("opsboard:delta", (event) => apply(event.detail.nodes));
+  document.addEventListener("opsboard:alert", (event) => {
+    alerts.set(event.detail.alert.id, event.detail.alert);
+    renderAll();
+  });
+  document.querySelectorAll(".state-filter button").forEach((button) => {
+    button.addEventListener("click", () => {
+      grid.dataset.filter = button.dataset.filter;
+      document.querySelectorAll(".state-filter button").forEach((b) => b.setAttribute("aria-pressed", String(b === button)));
+    });
+  });
+  renderAll();
+  setInterval(renderAll, 10000);  // a silent node turns "down" without any message
+})();
