@@ -42,16 +42,18 @@ def ms(ts: float) -> float:
 
 
 def _layout(title: str, x_title: str, y_title: str, tr: TimeRange | None, **extra) -> dict:
+    # The x axis fits the data (the range picked bounds what is read, not what is drawn): a
+    # run that began ten minutes ago fills the chart at "24h" too.
     xaxis: dict[str, Any] = {"title": {"text": x_title}}
     if tr is not None:
-        xaxis.update(type="date", range=[ms(tr.start), ms(tr.end)])
+        xaxis["type"] = "date"
     return {
         "title": {"text": title},
         "xaxis": xaxis,
         "yaxis": {"title": {"text": y_title}},
-        "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
-        "height": 300,
-        "legend": {"orientation": "h"},
+        "margin": {"l": 60, "r": 20, "t": 40, "b": 80},
+        "height": 330,
+        "legend": {"orientation": "h", "y": -0.3},
         **extra,
     }
 
@@ -73,9 +75,26 @@ class RunContext:
 def _step_history(run: Run, tr: TimeRange) -> dict[str, Any]:
     from apps.history.selectors import run_step_history
 
-    return run_step_history(
+    history = run_step_history(
         run_id=run.id, start=tr.start, end=tr.end, max_points=MAX_POINTS
     ).to_dict()
+    return _trimmed(history)
+
+
+def _trimmed(history: dict[str, Any]) -> dict[str, Any]:
+    """The step history without its empty leading and trailing buckets (it is dense over the
+    whole range), so that the x axis fits the run."""
+    columns = [history["steps_per_s"], history["loss"], *history["stages"].values()]
+    filled = [i for i in range(len(history["ts"])) if any(c[i] is not None for c in columns)]
+    keep = slice(filled[0], filled[-1] + 1) if filled else slice(0, 0)
+    return {
+        **history,
+        "ts": history["ts"][keep],
+        "steps_per_s": history["steps_per_s"][keep],
+        "tokens_per_s": history["tokens_per_s"][keep],
+        "loss": history["loss"][keep],
+        "stages": {name: values[keep] for name, values in history["stages"].items()},
+    }
 
 
 def throughput_figure(ctx: RunContext, tr: TimeRange) -> dict:

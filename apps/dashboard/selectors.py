@@ -285,17 +285,22 @@ def rank_busy_history(*, run: Run, start: float, end: float, buckets: int = 120)
     in the all-reduce for the slow one — so it is this time, not step_time, in which a
     straggler stands out. One query: {"ts": bucket starts, "ranks": [...], "z": rank ×
     bucket (None where a rank reported nothing)}."""
-    width = max((end - start) / buckets, 1.0)
+    # Buckets span the reports actually in the range, so a short run fills the heat-map.
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT rank, floor((extract(epoch FROM ts) - %(start)s) / %(width)s)::int AS b,"
-            " avg(step_time - coalesce(comm_wait, 0))"
-            " FROM runs_stepreport WHERE run_id = %(run)s"
-            " AND ts >= to_timestamp(%(start)s) AND ts < to_timestamp(%(end)s)"
-            " GROUP BY rank, b ORDER BY rank, b",
-            {"run": run.id, "start": start, "end": end, "width": width},
+            "WITH s AS (SELECT rank, extract(epoch FROM ts)::float8 AS t,"
+            "  step_time - coalesce(comm_wait, 0) AS busy FROM runs_stepreport"
+            "  WHERE run_id = %(run)s AND ts >= to_timestamp(%(start)s)"
+            "  AND ts < to_timestamp(%(end)s)),"
+            " w AS (SELECT min(t) AS t0, greatest((max(t) - min(t)) / %(buckets)s, 1.0) AS width"
+            "  FROM s)"
+            " SELECT rank, floor((t - t0) / width)::int AS b, avg(busy), t0, width FROM s, w"
+            " GROUP BY rank, b, t0, width ORDER BY rank, b",
+            {"run": run.id, "start": start, "end": end, "buckets": buckets},
         )
         rows = cursor.fetchall()
+    t0, width = (rows[0][3], rows[0][4]) if rows else (start, 1.0)
+    rows = [row[:3] for row in rows]
     used = sorted({b for _, b, _ in rows})
     column = {b: i for i, b in enumerate(used)}
     ranks = sorted({rank for rank, _, _ in rows})
@@ -303,7 +308,7 @@ def rank_busy_history(*, run: Run, start: float, end: float, buckets: int = 120)
     z: list[list[float | None]] = [[None] * len(used) for _ in ranks]
     for rank, b, value in rows:
         z[row_of[rank]][column[b]] = round(value, 6)
-    return {"ts": [start + b * width for b in used], "ranks": ranks, "z": z, "resolution_s": width}
+    return {"ts": [t0 + b * width for b in used], "ranks": ranks, "z": z, "resolution_s": width}
 
 
 def alert_ack_open(alert: Alert) -> bool:

@@ -96,3 +96,41 @@ def client_in(db) -> Client:
     client = Client()
     client.force_login(operator())
     return client
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's Chromium, headless (as tests/live/test_live_page.py drives it)."""
+    import os
+
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser import CHROMIUM, CHROMIUM_ARGS
+
+    # Playwright's sync API keeps an event loop on this thread; the ORM calls of the test
+    # itself are synchronous all the same (the documented pytest-django/Playwright setting).
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        yield browser
+        browser.close()
+    del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+
+
+class BrowserPage:
+    """A logged-in page of its own browser context that records console errors."""
+
+    def __init__(self, browser, base_url: str, username: str) -> None:
+        from tests.browser import log_in
+
+        self.context = browser.new_context(viewport={"width": 1400, "height": 900})
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        log_in(self.page, base_url, username, PASSWORD)
+
+    def close(self) -> None:
+        self.context.close()

@@ -1,0 +1,44 @@
+"""Each page runs a fixed number of queries, whatever the number of nodes, GPUs and ranks."""
+
+import time
+
+import pytest
+
+from apps.alerts.services import alerts_sync
+from detectors.types import Finding
+from tests.dashboard.conftest import RUN, cluster_store
+
+pytestmark = pytest.mark.django_db
+
+
+def xid_alerts(cluster, nodes: int) -> None:
+    alerts_sync(
+        cluster=cluster,
+        findings=[
+            Finding(kind="xid", subject=f"node:node-{n:02d}/gpu:0", severity="critical",
+                    summary="XID", node=f"node-{n:02d}", gpu=0)
+            for n in range(nodes)
+        ],
+        now=time.time(),
+    )  # fmt: skip
+
+
+# Pinned: a change here is a change in how the page reads (session and user included).
+PAGES = {
+    "overview": ("/clusters/{c}/", 7),
+    "run": ("/clusters/{c}/runs/" + RUN + "/", 20),
+    "node": ("/clusters/{c}/nodes/node-00/", 13),
+    "alerts": ("/alerts/?cluster={c}", 5),
+}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_page_reads_in_a_fixed_number_of_queries(client_in, django_assert_num_queries, page):
+    small = cluster_store("small", nodes=1, gpus=2, steps=6)
+    large = cluster_store("large", nodes=4, gpus=8, steps=6)
+    xid_alerts(small, 1)
+    xid_alerts(large, 4)
+    url, expected = PAGES[page]
+    for cluster in (small, large):
+        with django_assert_num_queries(expected):
+            assert client_in.get(url.format(c=cluster.name)).status_code == 200
