@@ -327,8 +327,9 @@ def _prune_table(*, target: PruneTarget, cutoff: datetime) -> int:
     for _ in range(settings.HISTORY_PRUNE_MAX_BATCHES):
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql, {"cutoff": cutoff, "batch": batch})
-            total += cursor.rowcount
-        if cursor.rowcount < batch:
+            deleted = cursor.rowcount
+        total += deleted
+        if deleted < batch:
             break
     if total:
         logger.info("pruned %s rows of %s older than %s", total, target.table, cutoff)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
+from django.db import connection
+
 from apps.clusters.models import Cluster, Node
+from apps.history.services import RefreshResult, rollups_refresh
 from apps.runs.models import Run
 from apps.runs.services import steps_store
-from apps.telemetry.services import samples_group, samples_store
+from apps.telemetry.services import health_update, samples_group, samples_store
 
 
 def cluster_nodes(count: int, name: str = "c") -> list[Node]:
@@ -21,7 +26,7 @@ def value_at(ts: float, gpu: int) -> float:
 def samples_put(
     node: Node, start: float, seconds: int, gpus: range = range(2), metric: str = "gpu.util"
 ) -> None:
-    """One batch per 10 s of 1 Hz samples of `metric` on these GPUs (and the host when -1)."""
+    """One batch per 10 s of 1 Hz samples of `metric` on these GPUs (-1: the host)."""
     for offset in range(0, seconds, 10):
         samples = [
             {
@@ -33,7 +38,9 @@ def samples_put(
             for t in range(offset, min(offset + 10, seconds))
             for gpu in gpus
         ]
-        samples_store(series=samples_group(samples_by_node={node.id: samples}))
+        series = samples_group(samples_by_node={node.id: samples})
+        samples_store(series=series)
+        health_update(series=series)  # as ingest does: "all" GPUs are the reported ones
 
 
 def steps_put(
@@ -68,3 +75,28 @@ def steps_put(
                 )
             )
     steps_store(steps=rows)
+
+
+def refresh() -> RefreshResult:
+    """Run the rollup pass until it drains (a live stack's beat may hold the lock briefly)."""
+    for _ in range(100):
+        result = rollups_refresh()
+        if result.drained:
+            return result
+        time.sleep(0.1)
+    raise AssertionError("the rollup pass never drained the dirty ranges")
+
+
+def rows(sql: str, params: list | None = None) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params or [])
+        return cursor.fetchall() if cursor.description else []
+
+
+def expected_minutes(start: float, seconds: int, gpu: int) -> dict[float, tuple]:
+    """Minute start → (n, sum, min, max) of what samples_put stored for one series."""
+    buckets: dict[float, list[float]] = {}
+    for t in range(seconds):
+        ts = start + t
+        buckets.setdefault(ts // 60 * 60, []).append(value_at(ts, gpu))
+    return {b: (len(v), sum(v), min(v), max(v)) for b, v in buckets.items()}

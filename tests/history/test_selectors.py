@@ -1,0 +1,206 @@
+"""History selectors: resolution, point bounds, rollup vs raw, freshness, query counts."""
+
+import time
+
+import pytest
+from django.db import connection
+
+from apps.history.selectors import (
+    Resolution,
+    metric_history,
+    resolution_choose,
+    run_step_history,
+)
+from apps.history.selectors.metrics import metric_history_at
+from apps.runs.models import Run
+from tests.history.helpers import (
+    cluster_nodes,
+    expected_minutes,
+    refresh,
+    rows,
+    samples_put,
+    steps_put,
+    value_at,
+)
+
+pytestmark = pytest.mark.django_db
+
+HOUR, DAY = 3600, 86400
+NOW = 1_800_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("span", "age", "step", "source"),
+    [
+        (900, 0, 0, "raw"),
+        (HOUR, 0, 5, "raw"),
+        (6 * HOUR, 0, 30, "raw"),
+        (24 * HOUR, 0, 120, "1m"),
+        (72 * HOUR, 0, 300, "1m"),
+        (30 * DAY, 0, 3600, "1h"),
+        (HOUR, 8 * DAY, 60, "1m"),  # raw data of 8 days ago is gone (7-day retention)
+        (HOUR, 91 * DAY, 3600, "1h"),  # so are its minutes (90 days)
+    ],
+)
+def test_it_picks_the_finest_resolution_within_max_points(span, age, step, source):
+    start = NOW - age - span
+    res = resolution_choose(start=start, end=start + span, max_points=1000, now=NOW)
+    assert res == Resolution(step=step, source=source)
+
+
+@pytest.fixture
+def node():
+    return cluster_nodes(1)[0]
+
+
+def test_it_bounds_the_points_of_every_series(node):
+    end = time.time() // 60 * 60
+    samples_put(node, end - 3 * HOUR, 3 * HOUR, gpus=range(2))
+    refresh()
+    for span, max_points, resolution in [(900, 1000, 0), (HOUR, 100, 60), (3 * HOUR, 50, 300)]:
+        history = metric_history(
+            node_ids=[node.id], metric="gpu.util", gpu="all", start=end - span, end=end,
+            max_points=max_points,
+        )  # fmt: skip
+        assert history.resolution_s == resolution
+        assert [s.gpu for s in history.series] == [0, 1]
+        for series in history.series:
+            assert max_points // 2 < len(series.ts) <= max_points
+            assert len(series.avg) == len(series.min) == len(series.max) == len(series.ts)
+
+
+def test_it_returns_raw_points_for_a_short_range(node):
+    start = time.time() // 60 * 60 - 1200
+    samples_put(node, start, 600, gpus=range(-1, 1))
+    history = metric_history(
+        node_ids=[node.id], metric="gpu.util", gpu=None, start=start + 10, end=start + 20
+    )
+    (host,) = history.series
+    assert (history.resolution_s, host.gpu) == (0, None)
+    assert host.ts == [start + t for t in range(10, 20)]
+    assert host.avg == host.min == host.max == [value_at(start + t, -1) for t in range(10, 20)]
+
+
+def test_it_serves_the_same_buckets_from_the_rollup_as_from_raw(node):
+    start = time.time() // 3600 * 3600 - 4 * HOUR
+    samples_put(node, start, 2 * HOUR, gpus=range(1))
+    refresh()
+    args = {"node_ids": [node.id], "metric": "gpu.util", "gpu": 0}
+    args |= {"start": start, "end": start + 2 * HOUR}
+    from_raw = metric_history_at(**args, res=Resolution(step=300, source="raw"))
+    from_rollup = metric_history_at(**args, res=Resolution(step=300, source="1m"))
+    from_hours = metric_history_at(**args, res=Resolution(step=3600, source="1h"))
+    raw, rolled = from_raw.series[0], from_rollup.series[0]
+    assert len(raw.ts) == 24 and rolled.ts == raw.ts
+    assert rolled.avg == pytest.approx(raw.avg) and (rolled.min, rolled.max) == (raw.min, raw.max)
+    expected = expected_minutes(start, HOUR, 0)
+    assert from_hours.series[0].avg[0] == pytest.approx(sum(v[1] for v in expected.values()) / HOUR)
+    # and it really is the rollup that answered
+    rows("UPDATE history_sample_1m SET vmax = 1000 WHERE node_id = %s", [node.id])
+    spoiled = metric_history_at(**args, res=Resolution(step=300, source="1m"))
+    assert spoiled.series[0].max == [1000.0] * 24
+
+
+def test_it_reads_what_the_rollup_has_not_covered_yet_from_raw(node):
+    end = time.time() // 600 * 600
+    samples_put(node, end - 2 * HOUR, HOUR, gpus=range(1))
+    refresh()
+    # as if the last rollup pass ran an hour ago (the beat stalled), and data kept coming
+    rows("UPDATE history_watermark SET rolled_up_at = to_timestamp(%s)", [end - HOUR])
+    samples_put(node, end - HOUR, HOUR, gpus=range(1))
+    history = metric_history(
+        node_ids=[node.id], metric="gpu.util", gpu=0, start=end - 2 * HOUR, end=end,
+        max_points=100,
+    )  # fmt: skip
+    series = history.series[0]
+    assert (history.resolution_s, len(series.ts)) == (120, 60)
+    assert series.ts[-1] == end - 120
+    expected = expected_minutes(end - 2 * HOUR, 2 * HOUR, 0)
+    last = [expected[end - 120], expected[end - 60]]
+    assert series.avg[-1] == pytest.approx(sum(b[1] for b in last) / 120)
+
+
+def test_it_reads_one_gpu_the_host_or_every_gpu_of_each_node():
+    nodes = cluster_nodes(2)
+    start = time.time() // 60 * 60 - 600
+    samples_put(nodes[0], start, 60, gpus=range(-1, 3))
+    samples_put(nodes[1], start, 60, gpus=range(-1, 2))
+    ids = [nodes[1].id, nodes[0].id]
+    args = {"metric": "gpu.util", "start": start, "end": start + 60}
+
+    every = metric_history(node_ids=ids, gpu="all", **args).series
+    assert [(s.node, s.gpu) for s in every] == [
+        ("n00", 0), ("n00", 1), ("n00", 2), ("n01", 0), ("n01", 1)
+    ]  # fmt: skip
+    assert every[2].avg == [value_at(start + t, 2) for t in range(60)]
+    one = metric_history(node_ids=ids, gpu=1, **args).series
+    assert [(s.node, s.gpu, len(s.ts)) for s in one] == [("n00", 1, 60), ("n01", 1, 60)]
+    host = metric_history(node_ids=ids, gpu=None, **args).series
+    assert [(s.node, s.gpu, s.avg[0]) for s in host] == [
+        ("n00", None, value_at(start, -1)), ("n01", None, value_at(start, -1))
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("node_count", [1, 4])
+def test_it_costs_the_same_queries_whatever_the_node_count(node_count, django_assert_num_queries):
+    nodes = cluster_nodes(node_count)
+    end = time.time() // 60 * 60
+    for node in nodes:
+        samples_put(node, end - 2 * HOUR, 2 * HOUR, gpus=range(2))
+    refresh()
+    ids = [node.id for node in nodes]
+    with django_assert_num_queries(1):  # raw: the series query alone
+        metric_history(node_ids=ids, metric="gpu.util", gpu="all", start=end - 900, end=end)
+    with django_assert_num_queries(2):  # rollup: the watermark, then the series query
+        history = metric_history(
+            node_ids=ids, metric="gpu.util", gpu="all", start=end - 2 * HOUR, end=end,
+            max_points=100,
+        )  # fmt: skip
+    assert len(history.series) == 2 * node_count and history.resolution_s == 120
+
+
+@pytest.fixture
+def slow_run(node):
+    """4 ranks, one step a second for 2 hours; rank 2 takes 3 s a step, the others 1 s."""
+    run = Run.objects.create(cluster=node.cluster, name="r")
+    end = time.time() // 3600 * 3600
+    steps_put(run, node, end - 2 * HOUR, 2 * HOUR, ranks=4, slow_rank=2)
+    refresh()
+    return run, end
+
+
+@pytest.mark.parametrize(("span", "step"), [(900, 1), (HOUR, 5), (2 * HOUR, 10)])
+def test_it_shows_a_slow_rank_in_the_step_matrix(slow_run, span, step):
+    run, end = slow_run
+    history = run_step_history(run_id=run.id, start=end - span, end=end)
+    buckets = span // step
+    assert (history.resolution_s, len(history.ts), history.ranks) == (step, buckets, [0, 1, 2, 3])
+    assert history.step_time[2] == [3.0] * buckets
+    assert history.step_time[0] == history.step_time[1] == history.step_time[3] == [1.0] * buckets
+    assert history.stages["comm_wait"] == pytest.approx([(2.25 + 3 * 0.25) / 4] * buckets)
+    assert history.stages["data_time"] == pytest.approx([0.1] * buckets)
+    assert history.steps_per_s == pytest.approx([1.0] * buckets)
+    assert history.tokens_per_s == pytest.approx([4000.0] * buckets)
+    assert history.to_dict()["ranks"] == [0, 1, 2, 3]
+
+
+def test_it_builds_the_step_matrix_from_the_rollup(slow_run, django_assert_num_queries):
+    run, end = slow_run
+    with django_assert_num_queries(2):
+        history = run_step_history(run_id=run.id, start=end - 2 * HOUR, end=end, max_points=60)
+    assert (history.resolution_s, len(history.ts)) == (120, 60)
+    assert history.step_time[2] == [3.0] * 60
+    assert history.loss == pytest.approx([2.45] * 60)  # 2.0 + mean of 0.0 … 0.9
+    rows("UPDATE history_step_1m SET step_time_sum = 0 WHERE run_id = %s", [run.id])
+    spoiled = run_step_history(run_id=run.id, start=end - 2 * HOUR, end=end, max_points=60)
+    assert spoiled.step_time[2] == [0.0] * 60  # it was the rollup that answered
+
+
+def test_it_answers_a_step_history_in_one_query_whatever_the_rank_count(
+    slow_run, django_assert_num_queries
+):
+    run, end = slow_run
+    with django_assert_num_queries(1):
+        history = run_step_history(run_id=run.id, start=end - 600, end=end)
+    assert len(history.step_time) == 4 and len(history.step_time[0]) == 600
+    assert connection.queries_log is not None
