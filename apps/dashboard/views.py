@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.alerts.choices import AlertState
+from apps.alerts.choices import OPEN_STATES, AlertState
 from apps.alerts.selectors import alert_get, alert_json
 from apps.alerts.services import AlertAlreadyAcknowledged, AlertResolved, alert_acknowledge
 from apps.clusters.selectors import cluster_list
@@ -134,17 +134,23 @@ def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
         cluster=found, node=node_found.name, limit=selectors.PAGE_ALERTS
     )
     health = node_health_list(node_ids=[node_found.id])[0]
+    open_alerts = [alert_json(a) for a in alerts if a.state in OPEN_STATES]
     context = {
         "cluster": found,
         "node": node_found,
         "health": health,
-        "tiles": selectors.node_tiles(node=health, alerts=[alert_json(a) for a in alerts], now=now),
+        "tiles": selectors.node_tiles(node=health, alerts=open_alerts, now=now),
         "panels": _chart_panels(charts.NODE_CHARTS, figures, request.path, tr),
         "events": selectors.node_events(node=node_found),
         "alerts": alerts,
         "ranges": RANGES,
         "live": _live_config([found.name]),
-        "page_data": {"watch_nodes": [node_found.name]},
+        "page_data": {
+            "watch_nodes": [node_found.name],
+            "nodes": [health],
+            "alerts": open_alerts,
+            "rules": HEALTH_RULES,
+        },
     }
     return render(request, "dashboard/node.html", context)
 

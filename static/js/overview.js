@@ -1,5 +1,5 @@
-// Cluster overview: GPU tiles coloured by health, live from the websocket; counts; state filter.
-// The colour rules mirror apps/dashboard/selectors.py (node_tiles, gpu_health); their
+// GPU tiles coloured by health, live from the websocket: the cluster overview's grid (with
+// counts and the state filter), or one node's tiles on its page. The colour rules mirror apps/dashboard/selectors.py (node_tiles, gpu_health); their
 // thresholds come from the server in page-data.rules.
 (function () {
   "use strict";
@@ -58,9 +58,13 @@
   function nodeHref(node) { return `nodes/${encodeURIComponent(node.node)}/`; }
 
   function card(node) {
-    let element = grid.querySelector(`.node-card[data-node="${CSS.escape(node.node)}"]`);
-    if (element) return element;
-    element = document.createElement("div");
+    const element = document.querySelector(`[data-node="${CSS.escape(node.node)}"]`);
+    if (element || !grid) return element;  // a node page shows its own node only
+    return newCard(node);
+  }
+
+  function newCard(node) {
+    const element = document.createElement("div");
     element.className = "node-card"; element.dataset.node = node.node;
     const name = document.createElement("a");
     name.className = "node-name"; name.href = nodeHref(node); name.textContent = node.node;
@@ -72,8 +76,9 @@
 
   function render(node) {
     const element = card(node);
+    if (!element) return;
     element.dataset.nodeState = node.state;
-    const box = element.querySelector(".tiles");
+    const box = element.classList.contains("tiles") ? element : element.querySelector(".tiles");
     tiles(node).forEach((tile) => {
       let a = box.children[tile.gpu];
       if (!a) { a = document.createElement("a"); a.className = "tile"; a.href = nodeHref(node); box.appendChild(a); }
@@ -82,6 +87,7 @@
   }
 
   function counts() {
+    if (!grid) return;
     document.getElementById("count-gpus").textContent = grid.querySelectorAll(".tile").length;
     document.getElementById("count-healthy").textContent = grid.querySelectorAll('.tile[data-state="ok"]').length;
     document.getElementById("count-firing").textContent = [...alerts.values()].filter((a) => a.state === "firing").length;

@@ -119,6 +119,7 @@ def test_the_run_page_shows_a_straggler_and_an_acknowledgement_reaches_other_bro
     wait_drawn(actor.page, NODE_CHARTS)
     traces = actor.page.evaluate("() => document.getElementById('chart-util').data.length")
     assert traces == 4
+    assert actor.page.locator(".node-tiles .tile").count() == 4
     screenshot(actor.page, "dashboard-node")
     assert watcher.errors == [] and actor.errors == []
     watcher.close()

@@ -95,3 +95,16 @@ def test_the_node_page_has_a_series_per_gpu(cluster, client_in):
         assert all(trace["y"] for trace in figure["data"]), chart
     util = json_script(html, "figure-util")["data"]
     assert [set(trace["y"]) for trace in util] == [{90.0}, {91.0}, {92.0}, {93.0}]
+
+
+def test_a_run_without_steps_yet_renders_empty_charts(cluster, client_in):
+    from apps.runs.models import Run
+
+    Run.objects.create(cluster=cluster, name="fresh")
+    response = client_in.get(f"/clusters/{cluster.name}/runs/fresh/")
+    assert response.status_code == 200
+    figure = json_script(response.content.decode(), "figure-throughput")
+    assert figure["data"][0]["x"] == []
+    assert client_in.get(f"/clusters/{cluster.name}/runs/fresh/charts/goodput.csv").content == (
+        b"series,bucket,seconds\nseconds,productive,0.0\n"
+    )
