@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo run test lint bench install
+.PHONY: demo run test lint bench evaluate install
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) manage.py makemigrations --check --dry-run
+
+# Every simulated fault × 3 seeds and a 2-hour clean run through a live stack, replayed and
+# scored: recall, false alarms, time to detect, culprit (docs/evaluation.md).
+evaluate: install
+	$(PY) manage.py evaluate_detectors $(EVALUATE_ARGS)
 
 bench: install
 	$(PY) bench/ingest.py                 # as fast as the server answers

@@ -16,6 +16,8 @@ from detectors.common import median, rank_nodes, rel_diff, run_subject
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
 
+# Past this many canaries without a majority, no group is looked for pair by pair (n²).
+PAIRWISE_MAX = 64
 CAUSES = {
     "param_checksum": "the replica's weights were corrupted",
     "canary": "the GPU computes wrong gradients",
@@ -48,12 +50,20 @@ def detect_run(
     `sdc_critical_checks` or more checked steps; both ranks of a split with no majority are
     reported as ambiguous."""
     groups: dict[tuple[int, str | None], dict[int, StepRow]] = defaultdict(dict)
+    members: dict[str | None, set[int]] = defaultdict(set)
+    latest: dict[int, int] = {}
     for row in run.steps:
+        latest[row.rank] = max(latest.get(row.rank, row.step), row.step)
         if row.grad_checksum or row.param_checksum or row.canary_norm is not None:
             groups[(row.step, row.shard)][row.rank] = row
+            members[row.shard].add(row.rank)
+    # Ranks report on their own: a check is judged once every member of its group has
+    # reported it, or once every rank has moved past it (a missing one will not come) —
+    # judging three of four replicas, two of them corrupt, would blame the healthy one.
+    settled = min(latest.values(), default=-1)
     suspects: dict[int, _Suspect] = {}
     for (step, shard), rows in groups.items():
-        if len(rows) < 2:
+        if len(rows) < 2 or (len(rows) < len(members[shard]) and step >= settled):
             continue
         verdicts = (
             ("grad_checksum", _minority_exact({r: x.grad_checksum for r, x in rows.items()})),
@@ -80,15 +90,18 @@ def detect_run(
 
 
 def _minority_exact(values: Mapping[int, str | None]) -> tuple[list[int], bool]:
-    """(ranks outside the strict majority, False), or every rank and True when there is no
-    majority (a split 1–1 cannot say which side is wrong)."""
+    """(ranks outside the agreeing group, False), or every rank and True when no group
+    stands out (a split 1–1 or 2–2 cannot say which side is wrong). The agreeing group is
+    the largest set of equal values, if it has two or more and no other is as large: two
+    corrupt replicas rarely corrupt alike, so A A B C blames B and C."""
     present = {rank: v for rank, v in values.items() if v}
     if len(present) < 2:
         return [], False
-    top, count = Counter(present.values()).most_common(1)[0]
+    counts = Counter(present.values()).most_common(2)
+    top, count = counts[0]
     if count == len(present):
         return [], False
-    if count * 2 > len(present):
+    if count >= 2 and (len(counts) == 1 or counts[1][1] < count):
         return [rank for rank, v in present.items() if v != top], False
     return list(present), True
 
@@ -113,12 +126,24 @@ def _minority_canary(rows: Mapping[int, StepRow], rtol: float) -> tuple[list[int
         rel_diff(min(column), max(column)) <= rtol for column in zip(*prints.values(), strict=True)
     ):
         return [], False
+    # Most often the component-wise median is the majority's value: one pass finds it.
     reference = tuple(median([p[i] for p in prints.values() if len(p) > i]) for i in range(width))
-    odd = [rank for rank, p in prints.items() if not _agree(p, reference, rtol)]
-    if not odd:
-        return [], False
-    if (len(prints) - len(odd)) * 2 > len(prints):
-        return odd, False
+    group = {rank for rank, p in prints.items() if _agree(p, reference, rtol)}
+    if len(group) * 2 > len(prints):
+        return [rank for rank in prints if rank not in group], False
+    if len(prints) > PAIRWISE_MAX:
+        return list(prints), True
+    # Otherwise the agreeing group is the ranks within tolerance of the rank most others
+    # agree with; as in _minority_exact it must have two or more and stand out.
+    agreeing = {
+        rank: {other for other, q in prints.items() if _agree(p, q, rtol)}
+        for rank, p in prints.items()
+    }
+    best = max(agreeing, key=lambda rank: (len(agreeing[rank]), -rank))
+    outside = [rank for rank in prints if rank not in agreeing[best]]
+    rival = max((len(agreeing[rank]) for rank in outside), default=0)
+    if len(agreeing[best]) >= 2 and rival < len(agreeing[best]):
+        return outside, False
     return list(prints), True
 
 

@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "apps.ingest",
     "apps.live",
     "apps.alerts",
+    "apps.evaluation",
     "apps.history",
     "apps.dashboard",
 ]

@@ -52,4 +52,4 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
 @admin.register(ClusterDetectorConfig)
 class ClusterDetectorConfigAdmin(admin.ModelAdmin):
-    list_display = ["cluster", "overrides"]
+    list_display = ["cluster", "paused", "overrides"]

@@ -117,6 +117,11 @@ class ClusterDetectorConfig(models.Model):
         Cluster, on_delete=models.CASCADE, related_name="detector_config"
     )
     overrides = models.JSONField(default=dict, blank=True)
+    # Beat skips a paused cluster: maintenance, or an evaluation scenario being replayed
+    # (evaluate_detectors drives its alerts from historical times; beat's "now" would clash).
+    paused = models.BooleanField(
+        default=False, help_text="continuous detector evaluation is paused for this cluster"
+    )
 
     def __str__(self) -> str:
         return f"detector settings of {self.cluster}"

@@ -192,15 +192,16 @@ def alert_acknowledge(*, alert: Alert, user: Any, note: str = "") -> Alert:
     return current
 
 
-def alerts_evaluate(*, cluster: Cluster, now: float) -> SyncResult | None:
+def alerts_evaluate(*, cluster: Cluster, now: float, as_of: bool = False) -> SyncResult | None:
     """Load the cluster's window, run every detector, keep the findings as alerts. None when
-    the detectors are not installed (open alerts are then left as they are)."""
+    the detectors are not installed (open alerts are then left as they are). `as_of`: the
+    window as it stood at a past `now` (replaying a scenario, see selectors.replay)."""
     try:
         from detectors import detect_all
     except ImportError:
         logger.warning("detectors.detect_all is unavailable; alerts are not evaluated")
         return None
-    window = cluster_window(cluster=cluster, now=now)
+    window = cluster_window(cluster=cluster, now=now, as_of=as_of)
     findings = detect_all(window, now, config=detector_config(cluster=cluster))
     return alerts_sync(cluster=cluster, findings=findings, now=now)
 

@@ -108,3 +108,33 @@ def test_permuting_ranks_permutes_the_suspect(perm, culprit):
     )
     (f,) = sdc.detect(cluster(run(rows)), last_ts(rows))
     assert f.rank == perm[culprit]
+
+
+def test_two_corrupt_replicas_of_four_are_blamed_not_the_healthy_pair():
+    # examples/ddp_train.py's case: rank 1 computes wrong gradients, rank 2's weights flip
+    bad = {1: {"canary_norm": 3.2}, 2: {"param_checksum": "flipped", "canary_norm": 3.5}}
+    found = findings(checks(bad), ranks=4)
+    assert [(f.rank, f.evidence["cause"], f.evidence["ambiguous"]) for f in found] == [
+        (1, "the GPU computes wrong gradients", False),
+        (2, "the replica's weights were corrupted", False),
+    ]
+
+
+def test_a_split_two_against_two_stays_ambiguous():
+    found = findings(checks({2: {"param_checksum": "x"}, 3: {"param_checksum": "x"}}), ranks=4)
+    assert [f.rank for f in found] == [0, 1, 2, 3]
+    assert all(f.evidence["ambiguous"] for f in found)
+
+
+def test_a_check_is_judged_only_once_every_replica_reported_it():
+    bad = {1: {"canary_norm": 3.2}, 2: {"param_checksum": "flipped", "canary_norm": 3.5}}
+    rows = steps(ranks=4, count=31, extra=checks(bad))
+    # the newest check (step 30) lacks rank 3's report: ranks 0, 1, 2 all differ there
+    partial = [row for row in rows if not (row.step == 30 and row.rank == 3)]
+    found = sdc.detect(cluster(run(partial)), last_ts(partial))
+    assert sorted(f.rank for f in found) == [1, 2]
+    assert all(30 not in f.evidence["steps"] for f in found)
+    # once every rank has moved past it, a still missing report no longer holds it back
+    later = [*partial, *(r for r in steps(ranks=4, count=33, extra=checks(bad)) if r.step > 30)]
+    found = sdc.detect(cluster(run(later)), last_ts(later))
+    assert all(30 in f.evidence["steps"] for f in found)

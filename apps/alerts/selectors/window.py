@@ -1,27 +1,28 @@
-"""Reads for alerting: the detectors' window of a cluster, and alerts as contract JSON."""
+"""The detectors' window of a cluster: what they look at, in a bounded number of queries.
+
+Live (`as_of=False`): the latest steps of each active run and the nodes' server-side
+last_seen. As of a past `now` (`as_of=True`, the evaluation harness's replay): only rows
+whose own timestamps are at or before `now`, and last_seen and batch intervals derived from
+those timestamps, as if every record had arrived at the moment it carries.
+"""
 
 from __future__ import annotations
 
-import logging
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Q
 
-from apps.alerts.choices import OPEN_STATES
-from apps.alerts.models import Alert, ClusterDetectorConfig
+from apps.alerts.selectors.replay import replay_intervals, replay_last_seen, replay_runs
 from apps.clusters.models import Cluster, Node
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
 from apps.runs.services import STEP_FIELDS
 from apps.telemetry.selectors import MAX_CHUNK_SPAN
-from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.goodput import goodput
 from detectors.types import ClusterWindow, EventRow, NodeSeen, RunWindow, Series, StepRow
-
-logger = logging.getLogger(__name__)
 
 # The metrics the detectors read (thermal, power, oom_risk, input_bound, ...).
 WINDOW_METRICS = (
@@ -36,7 +37,6 @@ WINDOW_METRICS = (
 )
 # Events that concern a node rather than a run's progress (checkpoints and logs do not).
 NODE_EVENT_KINDS = ("xid", "ecc", "oom", "error", "restart")
-ALERT_LIST_LIMIT = 1000
 # Batch intervals are measured on series every agent sends (one chunk per batch).
 INTERVAL_SERIES = (("gpu.util", 0), ("host.cpu_util", -1))
 INTERVAL_LOOKBACK_S = 300
@@ -46,114 +46,54 @@ def ts(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
-def alert_json(alert: Alert) -> dict[str, Any]:
-    """The contract's alert object (GET /api/v1/alerts), exactly: no more, no fewer keys."""
-    return {
-        "id": alert.id,
-        "kind": alert.kind,
-        "severity": alert.severity,
-        "state": alert.state,
-        "run": alert.run.name if alert.run_id else None,
-        "node": alert.node.name if alert.node_id else None,
-        "rank": alert.rank,
-        "gpu": alert.gpu,
-        "summary": alert.summary,
-        "evidence": alert.evidence,
-        "opened_at": ts(alert.opened_at),
-        "acknowledged_at": ts(alert.acknowledged_at),
-        "resolved_at": ts(alert.resolved_at),
-    }
-
-
-def alert_get(*, alert_id: int) -> Alert | None:
-    return Alert.objects.select_related("run", "node", "cluster").filter(pk=alert_id).first()
-
-
-def alert_list(
-    *,
-    cluster: Cluster | None,
-    run: str | None = None,
-    node: str | None = None,
-    state: str | None = None,
-    since: float | None = None,
-    limit: int = ALERT_LIST_LIMIT,
-) -> list[Alert]:
-    """Alerts newest first (of every cluster when `cluster` is None). `since` keeps the
-    alerts that changed state (opened, acknowledged, resolved) at or after it."""
-    alerts: QuerySet[Alert] = Alert.objects.select_related("run", "node")
-    if cluster is not None:
-        alerts = alerts.filter(cluster=cluster)
-    if run is not None:
-        alerts = alerts.filter(run__name=run)
-    if node is not None:
-        alerts = alerts.filter(node__name=node)
-    if state is not None:
-        alerts = alerts.filter(state=state)
-    if since is not None:
-        at = datetime.fromtimestamp(since, UTC)
-        alerts = alerts.filter(
-            Q(opened_at__gte=at) | Q(acknowledged_at__gte=at) | Q(resolved_at__gte=at)
-        )
-    return list(alerts.order_by("-opened_at", "-id")[:limit])
-
-
-def detector_config(*, cluster: Cluster) -> DetectorConfig:
-    """The detector thresholds of a cluster: the defaults with its stored overrides."""
-    stored = ClusterDetectorConfig.objects.filter(cluster=cluster).first()
-    if stored is None or not stored.overrides:
-        return DEFAULT_CONFIG
-    try:
-        return DEFAULT_CONFIG.with_overrides(stored.overrides)
-    except (ValueError, TypeError, AttributeError):
-        logger.warning("invalid detector overrides of cluster %s ignored", cluster.name)
-        return DEFAULT_CONFIG
-
-
-def clusters_to_evaluate(*, now: float) -> list[Cluster]:
-    """Clusters that sent data recently, or that have open alerts (which must resolve)."""
-    recent = datetime.fromtimestamp(now - settings.ALERT_IDLE_S, UTC)
-    return list(
-        Cluster.objects.filter(
-            Q(nodes__last_seen__gte=recent) | Q(alerts__state__in=OPEN_STATES)
-        ).distinct()
-    )
-
-
-def cluster_window(*, cluster: Cluster, now: float) -> ClusterWindow:
+def cluster_window(*, cluster: Cluster, now: float, as_of: bool = False) -> ClusterWindow:
     """Everything the detectors look at for one cluster, in a bounded number of queries
     whatever its size: nodes, active runs (the last ALERT_STEP_WINDOW steps of every rank),
-    node events, and recent telemetry of WINDOW_METRICS."""
+    node events, and recent telemetry of WINDOW_METRICS. With `as_of`, the window as it
+    stood at a past `now` (see the module docstring)."""
     nodes = {
         node.id: node
         for node in Node.objects.filter(cluster=cluster).only("id", "name", "state", "last_seen")
     }
     names = {node_id: node.name for node_id, node in nodes.items()}
-    intervals = _batch_intervals(node_ids=list(nodes), now=now)
-    event_start = datetime.fromtimestamp(now - settings.ALERT_EVENT_WINDOW_S, UTC)
+    telemetry = _telemetry(names=names, now=now, end=now + (1e-3 if as_of else 1.0))
+    if as_of:
+        runs, started = replay_runs(cluster=cluster, now=now)
+        last_seen = replay_last_seen(node_ids=list(nodes), now=now)
+        intervals = replay_intervals(telemetry=telemetry, names=names, series=INTERVAL_SERIES)
+    else:
+        runs, started = _active_runs(cluster, now), None
+        last_seen = {node_id: ts(node.last_seen) for node_id, node in nodes.items()}
+        intervals = _batch_intervals(node_ids=list(nodes), now=now)
     node_events = RunEvent.objects.filter(
-        node_id__in=list(nodes), ts__gte=event_start, kind__in=NODE_EVENT_KINDS
-    ).select_related("run")
+        node_id__in=list(nodes), ts__gte=_at(now - settings.ALERT_EVENT_WINDOW_S)
+    ).filter(kind__in=NODE_EVENT_KINDS)
+    if as_of:
+        node_events = node_events.filter(ts__lte=_at(now))
     return ClusterWindow(
         cluster=cluster.name,
-        runs=tuple(_run_windows(cluster=cluster, names=names, now=now)),
-        telemetry=tuple(_telemetry(names=names, now=now)),
+        runs=tuple(_run_windows(names=names, now=now, runs=runs, started=started)),
+        telemetry=tuple(telemetry),
         nodes=tuple(
             NodeSeen(
                 node=node.name,
-                last_seen=ts(node.last_seen),
+                last_seen=last_seen.get(node_id),
                 batch_interval=intervals.get(node_id),
                 state=node.state,
             )
             for node_id, node in sorted(nodes.items(), key=lambda item: item[1].name)
         ),
-        events=tuple(_event_row(event, names) for event in node_events.order_by("ts", "id")),
+        events=tuple(
+            _event_row(event, names)
+            for event in node_events.select_related("run").order_by("ts", "id")
+        ),
     )
 
 
 def run_window(*, run: Run, now: float) -> RunWindow:
     """One run's window (as in cluster_window), e.g. for its goodput."""
     names = dict(Node.objects.filter(cluster_id=run.cluster_id).values_list("id", "name"))
-    return _run_windows(cluster=None, names=names, now=now, runs=[run])[0]
+    return _run_windows(names=names, now=now, runs=[run])[0]
 
 
 def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
@@ -184,14 +124,20 @@ def _active_runs(cluster: Cluster, now: float) -> list[Run]:
     )
 
 
+def _at(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
 def _run_windows(
-    *, cluster: Cluster | None, names: dict[int, str], now: float, runs: list[Run] | None = None
+    *, names: dict[int, str], now: float, runs: list[Run], started: dict[int, float] | None = None
 ) -> list[RunWindow]:
-    runs = _active_runs(cluster, now) if runs is None else runs
+    """`started` (as of a past now): each run's start from its data, and every row read is
+    at or before `now`; None: live, the run's created_at and its latest rows."""
     if not runs:
         return []
-    steps = _steps(runs, names)
-    events = _run_events(runs, now)
+    until = None if started is None else now
+    steps = _steps(runs, names, until=until)
+    events = _run_events(runs, now, until=until)
     windows = []
     for run in runs:
         rows = steps.get(run.id, [])
@@ -200,7 +146,7 @@ def _run_windows(
             RunWindow(
                 run=run.name,
                 world_size=run.world_size,
-                started_at=ts(run.created_at),
+                started_at=ts(run.created_at) if started is None else started.get(run.id),
                 steps=tuple(rows),
                 events=tuple(_event_row(event, names) for event in events.get(run.id, ())),
                 rank_nodes=rank_nodes,
@@ -213,21 +159,22 @@ def _run_windows(
 _STEP_COLUMNS = STEP_FIELDS[1:]
 
 
-def _steps(runs: list[Run], names: dict[int, str]) -> dict[int, list[StepRow]]:
-    """The last ALERT_STEP_WINDOW steps of every rank of each run, oldest first: one query
-    on the (run_id, step) index for all runs (rows become StepRows without a model)."""
+def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[int, list[StepRow]]:
+    """The last ALERT_STEP_WINDOW steps of every rank of each run (reported at or before
+    `until`, if given), oldest first: one query on the (run_id, step) index for all runs
+    (rows become StepRows without a model)."""
     window = settings.ALERT_STEP_WINDOW
     sql = (
         f"SELECT s.run_id, {', '.join('s.' + name for name in _STEP_COLUMNS)}"
         " FROM unnest(%s::bigint[], %s::bigint[]) AS r(id, after)"
         " JOIN runs_stepreport s ON s.run_id = r.id AND s.step > r.after"
-        " ORDER BY s.run_id, s.step, s.rank"
+        + ("" if until is None else " AND s.ts <= to_timestamp(%s)")
+        + " ORDER BY s.run_id, s.step, s.rank"
     )
+    params: list[Any] = [[run.id for run in runs], [(run.last_step or 0) - window for run in runs]]
     by_run: dict[int, list[StepRow]] = {}
     with connection.cursor() as cursor:
-        cursor.execute(
-            sql, [[run.id for run in runs], [(run.last_step or 0) - window for run in runs]]
-        )
+        cursor.execute(sql, params if until is None else [*params, until])
         for run_id, node_id, at, *fields in cursor.fetchall():
             row = dict(zip(_STEP_COLUMNS[2:], fields, strict=True))
             if row["canary_proj"] is not None:
@@ -238,12 +185,15 @@ def _steps(runs: list[Run], names: dict[int, str]) -> dict[int, list[StepRow]]:
     return by_run
 
 
-def _run_events(runs: list[Run], now: float) -> dict[int, list[RunEvent]]:
-    """Recent events of the runs, and each run's newest checkpoint event of every tier and
-    state however old (staleness needs the last durable completed one)."""
+def _run_events(runs: list[Run], now: float, until: float | None) -> dict[int, list[RunEvent]]:
+    """Recent events of the runs (at or before `until`, if given), and each run's newest
+    checkpoint event of every tier and state however old (staleness needs the last durable
+    completed one)."""
     run_ids = [run.id for run in runs]
-    start = datetime.fromtimestamp(now - settings.ALERT_EVENT_WINDOW_S, UTC)
+    start = _at(now - settings.ALERT_EVENT_WINDOW_S)
     recent = RunEvent.objects.filter(run_id__in=run_ids, ts__gte=start).select_related("run")
+    if until is not None:
+        recent = recent.filter(ts__lte=_at(until))
     latest = (
         RunEvent.objects.filter(run_id__in=run_ids, kind="checkpoint", ts__lt=start)
         .select_related("run")
@@ -286,8 +236,9 @@ ORDER BY node_id, metric_id, gpu, ts
 """
 
 
-def _telemetry(*, names: dict[int, str], now: float) -> list[Series]:
-    """The last ALERT_TELEMETRY_WINDOW_S of WINDOW_METRICS on every node: one query."""
+def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]:
+    """WINDOW_METRICS on every node from ALERT_TELEMETRY_WINDOW_S before `now` up to `end`
+    (exclusive): one query."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, name FROM telemetry_metric WHERE name = ANY(%s)", [list(WINDOW_METRICS)]
@@ -301,7 +252,7 @@ def _telemetry(*, names: dict[int, str], now: float) -> list[Series]:
                 "nodes": list(names),
                 "metrics": list(metrics),
                 "start": now - settings.ALERT_TELEMETRY_WINDOW_S,
-                "end": now + 1,
+                "end": end,
             },
         )
         rows = cursor.fetchall()
