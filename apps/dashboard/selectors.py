@@ -27,6 +27,7 @@ from detectors.types import StepRow
 # node, the contract's 7 days of history).
 RANGES: dict[str, int | None] = {"15m": 900, "1h": 3600, "6h": 21_600, "24h": 86_400, "all": None}
 NODE_HISTORY_S = 7 * 86_400
+FUTURE_SLACK_S = 300  # the contract accepts ts up to 5 minutes ahead
 # Tile colours, worst last; "cordoned" and "nodata" are states of their own, not severities.
 TILE_ORDER = ("ok", "warning", "critical", "down")
 TILE_STATES = ("ok", "warning", "critical", "down", "cordoned", "nodata")
@@ -61,14 +62,25 @@ class RangeInvalid(ValueError):
 
 
 def time_range(*, key: str, now: float, run: Run | None = None) -> TimeRange:
-    """The picker's range ending now; "all" starts with the run (or NODE_HISTORY_S ago)."""
+    """The picker's range up to now; "all" starts with the run (or NODE_HISTORY_S ago). The
+    end reaches FUTURE_SLACK_S past now, as the contract accepts: an agent whose clock runs a
+    little ahead must not have its newest points hidden."""
     if key not in RANGES:
         raise RangeInvalid(f"must be one of {', '.join(RANGES)}")
     seconds = RANGES[key]
+    end = now + FUTURE_SLACK_S
     if seconds is not None:
-        return TimeRange(key, now - seconds, now)
-    start = run.created_at.timestamp() if run is not None else now - NODE_HISTORY_S
-    return TimeRange(key, min(start, now - 60), now)
+        return TimeRange(key, now - seconds, end)
+    start = run_began(run) if run is not None else now - NODE_HISTORY_S
+    return TimeRange(key, min(start, now - 60), end)
+
+
+def run_began(run: Run) -> float:
+    """When the run began: its creation, or its first step report when an agent delivered
+    older reports (a spooled backlog) than that. One query on the (run, step) index."""
+    first = StepReport.objects.filter(run=run).order_by("step").values_list("ts", flat=True)[:1]
+    began = run.created_at.timestamp()
+    return min([began, *(ts.timestamp() for ts in first)])
 
 
 def cluster_of(*, name: str) -> Cluster | None:

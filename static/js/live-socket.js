@@ -6,6 +6,8 @@
   const config = JSON.parse(document.getElementById("live-config").textContent);
   const status = document.getElementById("live-status");
   const open = new Map();
+  const sockets = new Map();
+  let heldUntil = 0;
 
   function showStatus() {
     const all = config.clusters.length > 0 && config.clusters.every((name) => open.get(name));
@@ -25,6 +27,7 @@
   function connect(cluster, retry) {
     let seq = null;
     const socket = new WebSocket(socketUrl(cluster));
+    sockets.set(cluster, socket);
     socket.onopen = () => { retry = 500; open.set(cluster, true); showStatus(); };
     socket.onmessage = (message) => {
       const data = JSON.parse(message.data);
@@ -43,10 +46,16 @@
     };
     socket.onclose = () => {
       open.set(cluster, false); showStatus();
-      setTimeout(() => connect(cluster, Math.min(retry * 2, 10000)), retry);
+      const wait = Math.max(retry, heldUntil - Date.now());
+      setTimeout(() => connect(cluster, Math.min(retry * 2, 10000)), wait);
     };
   }
 
   showStatus();
   config.clusters.forEach((cluster) => connect(cluster, 500));
+  // drop(ms): close every socket as a network failure would, and stay offline at least `ms`
+  // (they reconnect and resync from a snapshot). For tests and for trying it by hand.
+  window.opsboardLive = {
+    drop(ms = 0) { heldUntil = Date.now() + ms; sockets.forEach((socket) => socket.close()); },
+  };
 })();

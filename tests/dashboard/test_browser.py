@@ -3,6 +3,7 @@ agent code) through the live stack: every chart is drawn with data, a straggler 
 heat-map and as an alert, and an acknowledgement reaches another open browser."""
 
 import statistics
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -10,6 +11,7 @@ from django.db import connections
 
 from apps.alerts.services import alerts_evaluate
 from tests.browser import screenshot
+from tests.conftest import AgentClient
 from tests.dashboard.conftest import BrowserPage, operator
 from tests.sim.test_live import Sim
 
@@ -38,6 +40,10 @@ def evaluate_now(cluster, now: float) -> None:
 
     with ThreadPoolExecutor(1) as pool:
         pool.submit(evaluate).result()
+
+
+def loss_last_x(page) -> float:
+    return page.evaluate("() => Math.max(...document.getElementById('chart-loss').data[0].x)")
 
 
 def wait_drawn(page, charts) -> None:
@@ -89,6 +95,23 @@ def test_the_run_page_shows_a_straggler_and_an_acknowledgement_reaches_other_bro
     assert f"rank {STRAGGLER}" in straggler_row.inner_text()
     screenshot(watcher.page, "dashboard-run")
 
+    # new steps of the run extend its charts without reload
+    last_x = loss_last_x(watcher.page)
+    agent = AgentClient(live_stack.url, agent_token[1])
+    node = sim.scenario["layout"]["nodes"][0]
+    later = time.time() + 15  # past the simulator's last bucket (≤ 5 min ahead is allowed)
+    steps = [
+        {"ts": later, "rank": rank, "step": 5000, "step_time": 1.0, "tokens": 32768, "loss": 1.5}
+        for rank in range(4)
+    ]
+    batch = {"batch_id": "later-steps", "node": node, "run": run, "steps": steps}
+    assert agent.post(batch).status_code == 202
+    watcher.page.wait_for_function(
+        f"() => Math.max(...document.getElementById('chart-loss').data[0].x) > {last_x}",
+        timeout=10_000,
+    )
+    agent.http.close()
+
     # the range picker refetches the chart and its export links follow
     panel = watcher.page.locator('.chart-panel[data-chart="loss"]')
     panel.locator('button[data-range="15m"]').click()
@@ -114,7 +137,6 @@ def test_the_run_page_shows_a_straggler_and_an_acknowledgement_reaches_other_bro
         f'tr[data-alert-id="{alert_id}"][data-state="acknowledged"]', timeout=5_000
     )
 
-    node = sim.scenario["layout"]["nodes"][0]
     actor.page.goto(f"{live_stack.url}/clusters/{cluster.name}/nodes/{node}/")
     wait_drawn(actor.page, NODE_CHARTS)
     traces = actor.page.evaluate("() => document.getElementById('chart-util').data.length")
