@@ -17,9 +17,13 @@ from typing import Any
 from apps.clusters.models import Node
 from apps.dashboard import selectors
 from apps.dashboard.selectors import TimeRange
+from apps.history.selectors import metric_history, run_step_history
 from apps.runs.models import Run
 
 MAX_POINTS = 600
+# Step buckets no narrower than this: narrower than a step, most buckets would hold no step
+# and the charts would be gaps and zeros.
+MIN_STEP_BUCKET_S = 5.0
 HEATMAP_BUCKETS = 120
 STAGES = (
     ("data_time", "data loading"),
@@ -69,16 +73,28 @@ def _line(name: str, ts: list[float], values: list, **extra) -> dict:
 @dataclass(frozen=True)
 class RunContext:
     run: Run
+    began: float  # selectors.run_began(run): when its first step was reported
     summary: dict[str, Any] | None = None  # run_summary, for the goodput chart
 
+    def span(self, tr: TimeRange) -> tuple[float, float]:
+        return selectors.run_span(run=self.run, tr=tr, began=self.began)
 
-def _step_history(run: Run, tr: TimeRange) -> dict[str, Any]:
-    from apps.history.selectors import run_step_history
 
+def _step_history(ctx: RunContext, tr: TimeRange) -> dict[str, Any]:
+    start, end = ctx.span(tr)
     history = run_step_history(
-        run_id=run.id, start=tr.start, end=tr.end, max_points=MAX_POINTS
+        run_id=ctx.run.id, start=start, end=end, max_points=_step_points(start, end)
     ).to_dict()
     return _trimmed(history)
+
+
+def _step_points(start: float, end: float) -> int:
+    return max(1, min(MAX_POINTS, int((end - start) / MIN_STEP_BUCKET_S)))
+
+
+def _zero_filled(values: list) -> list:
+    """Throughput in a bucket where no step ended is zero (a hang shows as a drop)."""
+    return [0.0 if value is None else value for value in values]
 
 
 def _trimmed(history: dict[str, Any]) -> dict[str, Any]:
@@ -98,11 +114,11 @@ def _trimmed(history: dict[str, Any]) -> dict[str, Any]:
 
 
 def throughput_figure(ctx: RunContext, tr: TimeRange) -> dict:
-    history = _step_history(ctx.run, tr)
+    history = _step_history(ctx, tr)
     return {
         "data": [
-            _line("tokens/s", history["ts"], history["tokens_per_s"]),
-            _line("steps/s", history["ts"], history["steps_per_s"], yaxis="y2"),
+            _line("tokens/s", history["ts"], _zero_filled(history["tokens_per_s"])),
+            _line("steps/s", history["ts"], _zero_filled(history["steps_per_s"]), yaxis="y2"),
         ],
         "layout": _layout(
             "Throughput", "time", "tokens/s", tr,
@@ -112,8 +128,9 @@ def throughput_figure(ctx: RunContext, tr: TimeRange) -> dict:
 
 
 def step_time_figure(ctx: RunContext, tr: TimeRange) -> dict:
+    start, end = ctx.span(tr)
     busy = selectors.rank_busy_history(
-        run=ctx.run, start=tr.start, end=tr.end, buckets=HEATMAP_BUCKETS
+        run=ctx.run, start=start, end=end, max_points=HEATMAP_BUCKETS
     )
     trace = {
         "type": "heatmap",
@@ -131,9 +148,16 @@ def step_time_figure(ctx: RunContext, tr: TimeRange) -> dict:
 
 
 def stages_figure(ctx: RunContext, tr: TimeRange) -> dict:
-    history = _step_history(ctx.run, tr)
+    history = _step_history(ctx, tr)
     data = [
-        _line(label, history["ts"], history["stages"].get(key, []), stackgroup="stages")
+        _line(
+            label,
+            history["ts"],
+            history["stages"].get(key, []),
+            stackgroup="stages",
+            stackgaps="interpolate",
+            connectgaps=True,
+        )  # fmt: skip
         for key, label in STAGES
     ]
     return {
@@ -143,9 +167,9 @@ def stages_figure(ctx: RunContext, tr: TimeRange) -> dict:
 
 
 def loss_figure(ctx: RunContext, tr: TimeRange) -> dict:
-    history = _step_history(ctx.run, tr)
+    history = _step_history(ctx, tr)
     return {
-        "data": [_line("loss", history["ts"], history["loss"])],
+        "data": [_line("loss", history["ts"], history["loss"], connectgaps=True)],
         "layout": _layout("Loss", "time", "loss", tr),
     }
 
@@ -219,8 +243,6 @@ RUN_CHARTS: dict[str, Callable[[RunContext, TimeRange], dict]] = {
 
 
 def node_metric_figure(node: Node, chart: str, tr: TimeRange) -> dict:
-    from apps.history.selectors import metric_history
-
     metric, title, unit, aggregate = NODE_METRICS[chart]
     history = metric_history(
         node_ids=[node.id], metric=metric, gpu="all", start=tr.start, end=tr.end,

@@ -4,6 +4,7 @@ Every function here runs a fixed number of queries whatever the number of nodes 
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,6 +18,8 @@ from apps.alerts.choices import OPEN_STATES, AlertState
 from apps.alerts.models import Alert
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
+from apps.history.selectors.resolution import range_split, resolution_choose
+from apps.history.selectors.steps import ROLLUP_TABLES as STEP_ROLLUP_TABLES
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent, StepReport
 from detectors.config import DEFAULT_CONFIG
@@ -61,8 +64,9 @@ class RangeInvalid(ValueError):
     pass
 
 
-def time_range(*, key: str, now: float, run: Run | None = None) -> TimeRange:
-    """The picker's range up to now; "all" starts with the run (or NODE_HISTORY_S ago). The
+def time_range(*, key: str, now: float, began: float | None = None) -> TimeRange:
+    """The picker's range up to now; "all" starts when the run `began` (run_began; a node's
+    "all": NODE_HISTORY_S ago). The
     end reaches FUTURE_SLACK_S past now, as the contract accepts: an agent whose clock runs a
     little ahead must not have its newest points hidden."""
     if key not in RANGES:
@@ -71,7 +75,7 @@ def time_range(*, key: str, now: float, run: Run | None = None) -> TimeRange:
     end = now + FUTURE_SLACK_S
     if seconds is not None:
         return TimeRange(key, now - seconds, end)
-    start = run_began(run) if run is not None else now - NODE_HISTORY_S
+    start = began if began is not None else now - NODE_HISTORY_S
     return TimeRange(key, min(start, now - 60), end)
 
 
@@ -291,36 +295,62 @@ def node_events(*, node: Node, limit: int = NODE_EVENTS_MAX) -> list[dict[str, A
     ]
 
 
-def rank_busy_history(*, run: Run, start: float, end: float, buckets: int = 120) -> dict[str, Any]:
+def run_span(*, run: Run, tr: TimeRange, began: float) -> tuple[float, float]:
+    """The part of the range in which the run has steps (from `began`, its first report, to
+    its last step), so that the step charts of a short run get a fine resolution."""
+    last = run.last_step_at.timestamp() + 1 if run.last_step_at else tr.end
+    start, end = max(tr.start, began), min(tr.end, last)
+    return (start, end) if start < end else (tr.start, tr.end)
+
+
+def rank_busy_history(
+    *, run: Run, start: float, end: float, max_points: int = 120
+) -> dict[str, Any]:
     """Per rank and time bucket: the mean step time less collective wait (the rank's own
     work). In synchronous training every rank's step_time is the same — the fast ranks wait
     in the all-reduce for the slow one — so it is this time, not step_time, in which a
-    straggler stands out. One query: {"ts": bucket starts, "ranks": [...], "z": rank ×
-    bucket (None where a rank reported nothing)}."""
-    # Buckets span the reports actually in the range, so a short run fills the heat-map.
+    straggler stands out. Buckets, sources and the rollup/raw split are apps.history's (its
+    per-rank step rollups carry the comm_wait sums this needs); one query, two when a rollup
+    serves the range. {"ts": bucket starts, "ranks": [...], "z": rank × bucket, None where a
+    rank reported nothing, "resolution_s"}."""
+    res = resolution_choose(
+        start=start, end=end, max_points=max_points, now=time.time(), raw_points=False
+    )
+    split = range_split(start=start, end=end, res=res)
+    params = {"run": run.id, "step": res.step, "end": end, **vars(split)}
     with connection.cursor() as cursor:
-        cursor.execute(
-            "WITH s AS (SELECT rank, extract(epoch FROM ts)::float8 AS t,"
-            "  step_time - coalesce(comm_wait, 0) AS busy FROM runs_stepreport"
-            "  WHERE run_id = %(run)s AND ts >= to_timestamp(%(start)s)"
-            "  AND ts < to_timestamp(%(end)s)),"
-            " w AS (SELECT min(t) AS t0, greatest((max(t) - min(t)) / %(buckets)s, 1.0) AS width"
-            "  FROM s)"
-            " SELECT rank, floor((t - t0) / width)::int AS b, avg(busy), t0, width FROM s, w"
-            " GROUP BY rank, b, t0, width ORDER BY rank, b",
-            {"run": run.id, "start": start, "end": end, "buckets": buckets},
-        )
+        cursor.execute(_BUSY_SQL.format(table=STEP_ROLLUP_TABLES[res.source]), params)
         rows = cursor.fetchall()
-    t0, width = (rows[0][3], rows[0][4]) if rows else (start, 1.0)
-    rows = [row[:3] for row in rows]
-    used = sorted({b for _, b, _ in rows})
-    column = {b: i for i, b in enumerate(used)}
+    used = sorted({k for _, k, _ in rows})
+    column = {k: i for i, k in enumerate(used)}
     ranks = sorted({rank for rank, _, _ in rows})
     row_of = {rank: i for i, rank in enumerate(ranks)}
     z: list[list[float | None]] = [[None] * len(used) for _ in ranks]
-    for rank, b, value in rows:
-        z[row_of[rank]][column[b]] = round(value, 6)
-    return {"ts": [t0 + b * width for b in used], "ranks": ranks, "z": z, "resolution_s": width}
+    for rank, k, value in rows:
+        z[row_of[rank]][column[k]] = round(value, 6)
+    return {"ts": [k * res.step for k in used], "ranks": ranks, "z": z, "resolution_s": res.step}
+
+
+# Raw reports after the split, rollup buckets before it (as apps.history.selectors.steps).
+_BUSY_SQL = """
+WITH raw AS (
+    SELECT rank, floor(extract(epoch FROM ts) / %(step)s) AS k, count(*) AS n,
+           sum(step_time - coalesce(comm_wait, 0)) AS busy
+    FROM runs_stepreport
+    WHERE run_id = %(run)s AND ts >= to_timestamp(%(raw_lo)s) AND ts < to_timestamp(%(end)s)
+      AND %(raw_lo)s < %(end)s
+    GROUP BY rank, k
+), rolled AS (
+    SELECT rank, floor(extract(epoch FROM bucket) / %(step)s) AS k, sum(n) AS n,
+           sum(step_time_sum - coalesce(comm_wait_sum, 0)) AS busy
+    FROM {table}
+    WHERE run_id = %(run)s AND bucket >= to_timestamp(%(roll_lo)s)
+      AND bucket < to_timestamp(%(roll_hi)s) AND %(roll_lo)s < %(roll_hi)s
+    GROUP BY rank, k
+)
+SELECT rank, k::bigint, sum(busy) / sum(n) FROM (SELECT * FROM raw UNION ALL SELECT * FROM rolled) a
+GROUP BY rank, k ORDER BY rank, k
+"""
 
 
 def alert_ack_open(alert: Alert) -> bool:

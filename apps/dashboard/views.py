@@ -93,12 +93,13 @@ def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
         raise Http404("no such run")
     now = time.time()
     key = _range_key(request, DEFAULT_RANGE if run_found.state == "running" else "all")
+    began = selectors.run_began(run_found)
     try:
-        tr = selectors.time_range(key=key, now=now, run=run_found)
+        tr = selectors.time_range(key=key, now=now, began=began)
     except RangeInvalid:
-        tr = selectors.time_range(key=DEFAULT_RANGE, now=now, run=run_found)
+        tr = selectors.time_range(key=DEFAULT_RANGE, now=now, began=began)
     summary = run_summary(run=run_found, now=now)
-    ctx = charts.RunContext(run=run_found, summary=summary)
+    ctx = charts.RunContext(run=run_found, began=began, summary=summary)
     figures = {name: build(ctx, tr) for name, build in charts.RUN_CHARTS.items()}
     alerts = selectors.alerts_filtered(
         cluster=found, run=run_found.name, limit=selectors.PAGE_ALERTS
@@ -228,10 +229,12 @@ def run_chart(request: HttpRequest, cluster: str, run: str, chart: str, fmt: str
     run_found = selectors.run_of(cluster=found, name=run)
     if run_found is None or chart not in charts.RUN_CHARTS:
         raise Http404("no such run or chart")
-    tr = _chart_range(request, run=run_found)
+    began = selectors.run_began(run_found)
+    tr = _chart_range(request, began=began)
     if isinstance(tr, HttpResponse):
         return tr
-    figure = charts.RUN_CHARTS[chart](charts.RunContext(run=run_found), tr)
+    ctx = charts.RunContext(run=run_found, began=began)
+    figure = charts.RUN_CHARTS[chart](ctx, tr)
     return _chart_response(figure, tr, chart, fmt)
 
 
