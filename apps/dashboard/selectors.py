@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
-from apps.alerts.choices import OPEN_STATES, AlertState
+from apps.alerts.choices import OPEN_STATES
 from apps.alerts.models import Alert
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
@@ -351,7 +351,3 @@ WITH raw AS (
 SELECT rank, k::bigint, sum(busy) / sum(n) FROM (SELECT * FROM raw UNION ALL SELECT * FROM rolled) a
 GROUP BY rank, k ORDER BY rank, k
 """
-
-
-def alert_ack_open(alert: Alert) -> bool:
-    return alert.state == AlertState.FIRING

@@ -54,7 +54,8 @@ def cluster_store(
     name: str, *, nodes: int = 2, gpus: int = 4, steps: int = 10, now: float | None = None
 ) -> Cluster:
     """`steps` seconds of a cluster training RUN on all its GPUs (one rank per GPU), stored
-    through the ingest storage service; a local and a durable checkpoint at step 5."""
+    through the ingest storage service; a local and a durable checkpoint at step 5, and an
+    XID 79 on node-00 GPU 1."""
     now = time.time() if now is None else now
     cluster = Cluster.objects.create(name=name)
     batches = []
@@ -72,7 +73,7 @@ def cluster_store(
                 body["events"] = [
                     {"ts": ts, "kind": "checkpoint", "step": 5, "tier": tier, "state": "completed"}
                     for tier in ("local", "durable")
-                ]
+                ] + [{"ts": ts, "kind": "xid", "gpu": 1, "code": 79, "message": "fell off the bus"}]
             batches.append(body)
     received = datetime.fromtimestamp(now, UTC)
     batches_store(batches=[ClaimedBatch(cluster.id, received, body) for body in batches])

@@ -93,6 +93,12 @@ def test_the_node_page_has_a_series_per_gpu(cluster, client_in):
         figure = json_script(html, f"figure-{chart}")
         assert [trace["name"] for trace in figure["data"]] == [f"GPU {g}" for g in range(4)]
         assert all(trace["y"] for trace in figure["data"]), chart
+    assert re.search(
+        r'<tr data-kind="xid">.*?<td>1</td>\s*<td>79</td><td>fell off the bus</td>', html, re.S
+    )
+    assert "No XID or ECC events" not in html
+    other = client_in.get(f"/clusters/{cluster.name}/nodes/node-01/").content.decode()
+    assert "No XID or ECC events" in other
     util = json_script(html, "figure-util")["data"]
     assert [set(trace["y"]) for trace in util] == [{90.0}, {91.0}, {92.0}, {93.0}]
 
@@ -108,3 +114,15 @@ def test_a_run_without_steps_yet_renders_empty_charts(cluster, client_in):
     assert client_in.get(f"/clusters/{cluster.name}/runs/fresh/charts/goodput.csv").content == (
         b"series,bucket,seconds\nseconds,productive,0.0\n"
     )
+
+
+def test_plotly_is_served_from_the_plotly_package_with_its_licence():
+    from pathlib import Path
+
+    import plotly
+    from django.contrib.staticfiles import finders
+
+    bundle = Path(finders.find("vendor/plotly.min.js"))
+    assert bundle == Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    assert bundle.read_text()[:200].count("plotly.js v") == 1
+    assert "MIT" in Path(finders.find("vendor/plotly.LICENSE.txt")).read_text()
