@@ -67,9 +67,9 @@ def runs_mark_dirty(*, ranges: dict[int, tuple[datetime, datetime]]) -> None:
 # starting at or before the running end of the earlier ones of its key joins their island.
 _ISLANDS = """
 ranges AS (
-    SELECT {key}, greatest(floor(extract(epoch FROM t0) / 60) * 60, %(floor)s) AS lo,
-           floor(extract(epoch FROM t1) / 60) * 60 + 60 AS hi
-    FROM claimed WHERE extract(epoch FROM t1) >= %(floor)s
+    SELECT {key}, greatest(floor(extract(epoch FROM t0)::float8 / 60) * 60, %(floor)s) AS lo,
+           floor(extract(epoch FROM t1)::float8 / 60) * 60 + 60 AS hi
+    FROM claimed WHERE extract(epoch FROM t1)::float8 >= %(floor)s
 ), flagged AS (
     SELECT *, CASE WHEN lo <= max(hi) OVER (PARTITION BY {key} ORDER BY lo, hi
                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS starts

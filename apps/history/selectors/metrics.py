@@ -9,7 +9,13 @@ from typing import Any, Literal
 import orjson
 from django.db import connection
 
-from apps.history.selectors.resolution import Resolution, range_split, resolution_choose
+from apps.history.selectors.resolution import (
+    Resolution,
+    Split,
+    history_meta,
+    range_split,
+    resolution_choose,
+)
 from apps.telemetry.models import HOST_GPU
 
 
@@ -69,21 +75,18 @@ raw AS (
 )"""
 
 _UNPACK = """CROSS JOIN LATERAL (
-        SELECT raw.e0 + o / 1000.0 AS ts, v FROM unnest(raw.offsets_ms, raw.vals) AS x(o, v)
+        SELECT raw.e0 + o / 1000::float8 AS ts, v FROM unnest(raw.offsets_ms, raw.vals) AS x(o, v)
     ) u"""
 
+# Raw points leave as their chunks' arrays, ordered per series; Python filters and offsets
+# them (cheaper than unnesting, sorting and re-aggregating a point per row in SQL).
 _POINTS_SQL = f"""
 WITH {_SERIES},
-p AS (
-    SELECT raw.node_id, raw.gpu, u.ts, u.v FROM raw {_UNPACK}
-    WHERE u.ts >= %(start)s AND u.ts < %(end)s
-), per AS (
-    SELECT node_id, gpu, (array_agg(ts ORDER BY ts))[1:%(max_points)s] AS ts,
-           (array_agg(v ORDER BY ts))[1:%(max_points)s] AS v
-    FROM p GROUP BY node_id, gpu
+per AS (
+    SELECT node_id, gpu, json_agg(json_build_array(e0, offsets_ms, vals) ORDER BY e0) AS chunks
+    FROM raw GROUP BY node_id, gpu
 )
-SELECT s.name, s.gpu, json_build_array(coalesce(array_to_json(per.ts), '[]'),
-                                       coalesce(array_to_json(per.v), '[]'))::text
+SELECT s.name, s.gpu, coalesce(per.chunks, '[]')::text
 FROM s LEFT JOIN per USING (node_id, gpu)
 ORDER BY s.name, s.gpu
 """
@@ -104,7 +107,7 @@ parts AS (
     SELECT raw.node_id, raw.gpu, floor(u.ts / %(step)s), 1, u.v, u.v, u.v FROM raw {_UNPACK}
     WHERE NOT ({_WHOLE}) AND u.ts >= %(raw_lo)s AND u.ts < %(end)s
     UNION ALL
-    SELECT s.node_id, s.gpu, floor(extract(epoch FROM h.bucket) / %(step)s), h.n, h.vsum,
+    SELECT s.node_id, s.gpu, floor(extract(epoch FROM h.bucket)::float8 / %(step)s), h.n, h.vsum,
            h.vmin, h.vmax
     FROM s CROSS JOIN m CROSS JOIN LATERAL (
         SELECT bucket, n, vsum, vmin, vmax FROM {{table}} h
@@ -142,17 +145,18 @@ def metric_history(
 ) -> History:
     """One series per node (gpu None: the host series; an int: that GPU; "all": every GPU
     the node has reported), in node name then GPU order, over [start, end), at most
-    ~max_points points each. One query for raw resolutions, two for rollups."""
-    res = resolution_choose(start=start, end=end, max_points=max_points, now=time.time())
-    return metric_history_at(
-        node_ids=node_ids,
-        metric=metric,
-        gpu=gpu,
-        start=start,
-        end=end,
-        res=res,
-        max_points=max_points,
+    ~max_points points each. Two queries, whatever the node count."""
+    if gpu == "all":
+        count_sql = "SELECT count(*) FROM telemetry_nodehealth WHERE node_id = ANY(%s) AND gpu >= 0"
+        rolled_up_at, series = history_meta(count_sql=count_sql, params=[list(node_ids)])
+    else:
+        rolled_up_at, series = history_meta(count_sql="SELECT %s", params=[len(node_ids)])
+    res = resolution_choose(
+        start=start, end=end, max_points=max_points, now=time.time(), series=series
     )
+    split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+    query = SeriesQuery(node_ids=node_ids, metric=metric, gpu=gpu, start=start, end=end)
+    return _history(query=query, res=res, split=split, max_points=max_points)
 
 
 def metric_history_at(
@@ -166,17 +170,31 @@ def metric_history_at(
     max_points: int = 1000,
 ) -> History:
     """metric_history at a given resolution and source (the benchmark compares sources)."""
-    all_gpus = gpu == "all"
-    split = range_split(start=start, end=end, res=res)
+    rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
+    split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+    query = SeriesQuery(node_ids=node_ids, metric=metric, gpu=gpu, start=start, end=end)
+    return _history(query=query, res=res, split=split, max_points=max_points)
+
+
+@dataclass(frozen=True)
+class SeriesQuery:
+    node_ids: list[int]
+    metric: str
+    gpu: int | None | Literal["all"]
+    start: float
+    end: float
+
+
+def _history(*, query: SeriesQuery, res: Resolution, split: Split, max_points: int) -> History:
+    all_gpus = query.gpu == "all"
     params = {
-        "metric": metric,
-        "nodes": list(node_ids),
-        "gpu": HOST_GPU if gpu is None or all_gpus else gpu,
+        "metric": query.metric,
+        "nodes": list(query.node_ids),
+        "gpu": HOST_GPU if query.gpu is None or all_gpus else query.gpu,
         "all_gpus": all_gpus,
-        "max_points": max_points,
         "step": res.step,
-        "start": start,
-        "end": end,
+        "start": query.start,
+        "end": query.end,
         "roll_lo": split.roll_lo,
         "roll_hi": split.roll_hi,
         "raw_lo": split.raw_lo,
@@ -187,9 +205,27 @@ def metric_history_at(
         rows = cursor.fetchall()
     series = []
     for name, series_gpu, data in rows:
-        arrays = orjson.loads(data)
-        ts, avg = arrays[0], arrays[1]
-        low, high = (arrays[2], arrays[3]) if res.step else (list(avg), list(avg))
+        if res.step:
+            ts, avg, low, high = orjson.loads(data)
+        else:
+            ts, avg = _points(orjson.loads(data), query.start, query.end, max_points)
+            low, high = list(avg), list(avg)
         node_gpu = None if series_gpu == HOST_GPU else series_gpu
         series.append(SeriesHistory(node=name, gpu=node_gpu, ts=ts, avg=avg, min=low, max=high))
-    return History(resolution_s=res.step, start=start, end=end, series=series)
+    return History(resolution_s=res.step, start=query.start, end=query.end, series=series)
+
+
+def _points(
+    chunks: list[list], start: float, end: float, max_points: int
+) -> tuple[list[float], list[float]]:
+    """The (ts, value) points of a series' chunks within [start, end), in time order."""
+    points = [
+        (ts, value)
+        for e0, offsets, values in chunks
+        for offset, value in zip(offsets, values, strict=True)
+        if start <= (ts := e0 + offset / 1000) < end
+    ]
+    if any(points[i][0] > points[i + 1][0] for i in range(len(points) - 1)):
+        points.sort()  # uncompacted chunks of a replayed batch may overlap others
+    points = points[:max_points]
+    return [ts for ts, _ in points], [value for _, value in points]

@@ -14,6 +14,10 @@ RAW_SAMPLE_INTERVAL_S = 1.0
 # Bucket widths, in seconds; the rollups serve 60 s and wider, raw data the narrower ones.
 LADDER_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200)
 MINUTE, HOUR, DAY = 60, 3600, 86400
+# Most raw points (or step reports) one request may read when it buckets raw data: a wider
+# request (many series over hours) is served from the 1-minute rollup instead, with fewer
+# than max_points buckets. ≈ 0.1 s of server time at ~5 M points/s.
+RAW_POINT_BUDGET = 500_000
 # Buckets ending this long before the last rollup pass are read from the rollup, later ones
 # from raw data: covers the agents' batching delay (≤ 10 s) and data in flight at the pass.
 ROLLUP_FRESH_MARGIN_S = 60
@@ -28,17 +32,27 @@ class Resolution:
 
 
 def resolution_choose(
-    *, start: float, end: float, max_points: int, now: float, raw_points: bool = True
+    *,
+    start: float,
+    end: float,
+    max_points: int,
+    now: float,
+    raw_points: bool = True,
+    series: int = 1,
 ) -> Resolution:
     """The finest bucket width giving at most ~max_points buckets over [start, end), from
-    the finest source whose retention still covers `start`."""
+    the finest source whose retention still covers `start`; raw data only while `series`
+    series (at 1 Hz) stay within RAW_POINT_BUDGET points."""
     span = max(end - start, 1.0)
     if raw_points and span <= max_points * RAW_SAMPLE_INTERVAL_S:
         step: float = 0
     else:
         wanted = span / max(max_points, 1)
         step = next((s for s in LADDER_S if s >= wanted), math.ceil(wanted / DAY) * DAY)
-    if step < MINUTE and _expired(start, now, settings.HISTORY_RAW_RETENTION_DAYS):
+    raw_cost = max(series, 1) * span / RAW_SAMPLE_INTERVAL_S
+    if step < MINUTE and (
+        raw_cost > RAW_POINT_BUDGET or _expired(start, now, settings.HISTORY_RAW_RETENTION_DAYS)
+    ):
         step = MINUTE
     if step < HOUR and _expired(start, now, settings.HISTORY_1M_RETENTION_DAYS):
         step = HOUR
@@ -59,14 +73,13 @@ class Split:
     raw_lo: float
 
 
-def range_split(*, start: float, end: float, res: Resolution) -> Split:
+def range_split(*, start: float, end: float, res: Resolution, rolled_up_at: float | None) -> Split:
     """Where the rollup stops and raw data takes over: whole buckets up to the last rollup
-    pass less a margin (one query, for rollup sources only). Passed to SQL as constants, so
+    pass (`rolled_up_at`, see history_meta) less a margin. Passed to SQL as constants, so
     that the planner bounds every index scan by them, prepared or not."""
     if res.source == "raw":
         return Split(roll_lo=start, roll_hi=start, raw_lo=start)
     roll_lo = math.floor(start / res.step) * res.step
-    rolled_up_at = watermark_get()
     if rolled_up_at is None:
         return Split(roll_lo=roll_lo, roll_hi=roll_lo, raw_lo=start)
     split = math.floor((rolled_up_at - ROLLUP_FRESH_MARGIN_S) / res.step) * res.step
@@ -77,11 +90,14 @@ def range_split(*, start: float, end: float, res: Resolution) -> Split:
     )
 
 
-def watermark_get() -> float | None:
-    """When the last rollup pass that drained every dirty range started (epoch seconds)."""
+def history_meta(*, count_sql: str, params: list) -> tuple[float | None, int]:
+    """One query: when the last rollup pass that drained every dirty range started (epoch
+    seconds, None before the first), and the count `count_sql` gives (series or ranks)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT extract(epoch FROM rolled_up_at)::float8 FROM history_watermark WHERE id = 1"
+            "SELECT (SELECT extract(epoch FROM rolled_up_at)::float8 FROM history_watermark"
+            f" WHERE id = 1), ({count_sql})",
+            params,
         )
-        row = cursor.fetchone()
-    return row[0] if row else None
+        rolled_up_at, count = cursor.fetchone()
+    return rolled_up_at, int(count or 0)

@@ -10,7 +10,13 @@ from typing import Any
 import orjson
 from django.db import connection
 
-from apps.history.selectors.resolution import Resolution, range_split, resolution_choose
+from apps.history.selectors.resolution import (
+    Resolution,
+    Split,
+    history_meta,
+    range_split,
+    resolution_choose,
+)
 
 STAGES = ("data_time", "h2d_time", "compute_time", "comm_wait")
 
@@ -46,23 +52,20 @@ _SUMS = "count(*) AS n, sum(step_time) AS st_sum, " + ", ".join(
 _ROLLED_SUMS = "sum(n) AS n, sum(step_time_sum) AS st_sum, " + ", ".join(
     f"sum({stage}_sum) AS {stage}_sum, sum({stage}_n) AS {stage}_n" for stage in STAGES
 )
-_STAGE_MEANS = ", ".join(
-    f"sum({stage}_sum) / nullif(sum({stage}_n), 0) AS {stage}" for stage in STAGES
-)
-_STAGE_ARRAYS = ", ".join(f"json_agg({stage} ORDER BY g.i)" for stage in STAGES)
+_STAGE_MEANS = ", ".join(f"sum({stage}_sum) / nullif(sum({stage}_n), 0)" for stage in STAGES)
 
 # Both parts are bounded by constants (the raw one lies after the last rollup pass), so the
 # raw scan stays on the BRIN index of ts and the rollup one on the primary key.
 _STEPS_SQL = f"""
 WITH raw AS (
-    SELECT rank, floor(extract(epoch FROM ts) / %(step)s) AS k, {_SUMS},
+    SELECT rank, floor(extract(epoch FROM ts)::float8 / %(step)s) AS k, {_SUMS},
            sum(tokens)::float8 AS tokens, sum(loss) AS loss_sum, count(loss) AS loss_n
     FROM runs_stepreport
     WHERE run_id = %(run)s AND ts >= to_timestamp(%(raw_lo)s) AND ts < to_timestamp(%(end)s)
       AND %(raw_lo)s < %(end)s
     GROUP BY rank, k
 ), rolled AS (
-    SELECT rank, floor(extract(epoch FROM bucket) / %(step)s) AS k, {_ROLLED_SUMS},
+    SELECT rank, floor(extract(epoch FROM bucket)::float8 / %(step)s) AS k, {_ROLLED_SUMS},
            sum(tokens_sum)::float8 AS tokens, sum(loss_sum) AS loss_sum, sum(loss_n) AS loss_n
     FROM {{table}}
     WHERE run_id = %(run)s AND bucket >= to_timestamp(%(roll_lo)s)
@@ -70,24 +73,19 @@ WITH raw AS (
     GROUP BY rank, k
 ), agg AS MATERIALIZED (
     SELECT (k - %(k0)s)::int AS i, * FROM raw UNION ALL SELECT (k - %(k0)s)::int, * FROM rolled
-), grid AS (
-    SELECT i FROM generate_series(0, %(buckets)s - 1) AS i
 ), per_rank AS (
-    SELECT k.rank, json_agg(a.st_sum / a.n ORDER BY g.i) AS means
-    FROM (SELECT DISTINCT rank FROM agg) k CROSS JOIN grid g
-    LEFT JOIN agg a ON a.rank = k.rank AND a.i = g.i
-    GROUP BY k.rank
+    -- sparse (bucket index, mean) pairs, unordered: no sort of rank × bucket rows here
+    SELECT rank, json_build_array(rank, array_agg(i), array_agg(st_sum / n)) AS cells
+    FROM agg GROUP BY rank
 ), per_bucket AS (
-    SELECT i, {_STAGE_MEANS}, sum(n)::float8 / count(*) / %(step)s AS steps_per_s,
-           sum(tokens) / %(step)s AS tokens_per_s, sum(loss_sum) / nullif(sum(loss_n), 0) AS loss
+    SELECT json_build_array(i, {_STAGE_MEANS}, sum(n)::float8 / count(*) / %(step)s,
+                            sum(tokens) / %(step)s, sum(loss_sum) / nullif(sum(loss_n), 0))
+           AS cells
     FROM agg GROUP BY i
 )
 SELECT json_build_array(
-    (SELECT coalesce(json_agg(rank ORDER BY rank), '[]') FROM per_rank),
-    (SELECT coalesce(json_agg(means ORDER BY rank), '[]') FROM per_rank),
-    (SELECT json_build_array({_STAGE_ARRAYS}, json_agg(steps_per_s ORDER BY g.i),
-                             json_agg(tokens_per_s ORDER BY g.i), json_agg(loss ORDER BY g.i))
-     FROM grid g LEFT JOIN per_bucket USING (i))
+    (SELECT coalesce(json_agg(cells ORDER BY rank), '[]') FROM per_rank),
+    (SELECT coalesce(json_agg(cells), '[]') FROM per_bucket)
 )::text
 """
 
@@ -98,41 +96,65 @@ def run_step_history(
     *, run_id: int, start: float, end: float, max_points: int = 1000
 ) -> StepHistory:
     """A run's step timings per rank and bucket over [start, end), at most ~max_points
-    buckets. One query for raw resolutions, two for rollups, whatever the rank count."""
-    res = resolution_choose(
-        start=start, end=end, max_points=max_points, now=time.time(), raw_points=False
+    buckets. Two queries, whatever the rank count."""
+    rolled_up_at, ranks = history_meta(
+        count_sql="SELECT world_size FROM runs_run WHERE id = %s", params=[run_id]
     )
-    return run_step_history_at(run_id=run_id, start=start, end=end, res=res)
+    res = resolution_choose(
+        start=start, end=end, max_points=max_points, now=time.time(), raw_points=False,
+        series=ranks,
+    )  # fmt: skip
+    split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+    return _step_history(run_id=run_id, start=start, end=end, res=res, split=split)
 
 
 def run_step_history_at(*, run_id: int, start: float, end: float, res: Resolution) -> StepHistory:
     """run_step_history at a given resolution and source (the benchmark compares sources)."""
+    rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
+    split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+    return _step_history(run_id=run_id, start=start, end=end, res=res, split=split)
+
+
+def _step_history(
+    *, run_id: int, start: float, end: float, res: Resolution, split: Split
+) -> StepHistory:
     step = res.step
     first = math.floor(start / step)
     buckets = max(1, math.ceil(end / step) - first)
-    split = range_split(start=start, end=end, res=res)
     params = {
         "run": run_id,
         "step": step,
         "end": end,
         "k0": first,
-        "buckets": buckets,
         "roll_lo": split.roll_lo,
         "roll_hi": split.roll_hi,
         "raw_lo": split.raw_lo,
     }
     with connection.cursor() as cursor:
         cursor.execute(_STEPS_SQL.format(table=ROLLUP_TABLES[res.source]), params)
-        ranks, means, per_bucket = orjson.loads(cursor.fetchone()[0])
+        per_rank, per_bucket = orjson.loads(cursor.fetchone()[0])
+    columns: list[list[float | None]] = [[None] * buckets for _ in range(7)]
+    for i, *values in per_bucket:
+        if 0 <= i < buckets:
+            for column, value in zip(columns, values, strict=True):
+                column[i] = value
     return StepHistory(
         resolution_s=step,
         start=start,
         end=end,
         ts=[(first + i) * step for i in range(buckets)],
-        ranks=ranks,
-        step_time=means,
-        stages=dict(zip(STAGES, per_bucket[:4], strict=True)),
-        steps_per_s=per_bucket[4],
-        tokens_per_s=per_bucket[5],
-        loss=per_bucket[6],
+        ranks=[rank for rank, _, _ in per_rank],
+        step_time=[_dense(indexes, means, buckets) for _, indexes, means in per_rank],
+        stages=dict(zip(STAGES, columns[:4], strict=True)),
+        steps_per_s=columns[4],
+        tokens_per_s=columns[5],
+        loss=columns[6],
     )
+
+
+def _dense(indexes: list[int], values: list[float], buckets: int) -> list[float | None]:
+    row: list[float | None] = [None] * buckets
+    for i, value in zip(indexes, values, strict=True):
+        if 0 <= i < buckets:
+            row[i] = value
+    return row

@@ -1,0 +1,348 @@
+"""History benchmark: every dashboard page and chart endpoint, and the history selectors, over
+a seeded run of 256 ranks on 32 nodes × 8 GPUs, timed server side against a 300 ms target.
+
+    make bench                     # or: python bench/pages.py --hours 72 --reps 7
+    python bench/pages.py --hours 6 --reps 3   # a quick check
+
+Seeds a scratch database `opsboard_bench_pages` (on DATABASE_URL's server, else the embedded
+one) with server-side SQL: 1 Hz samples of four GPU metrics as sealed 10-minute chunks (what
+compaction leaves) and one step report per rank per second, ending now. Rollups are then
+built by the real code path (`rollups_rebuild`: dirty ranges → `rollups_refresh`). Prints:
+  - seeding and rollup-build times, rows and bytes on disk;
+  - each selector over 15m / 6h / 24h / 72h: resolution, median and p95 (ms);
+  - the same query read from raw data and from the rollup, side by side;
+  - 10 repetitions as server-side prepared statements with generic plans forced, against
+    Django's default (client-side binding, a fresh plan each time);
+  - every page and chart-data URL of apps/dashboard (in-process Django test client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import bench.common as common  # noqa: E402
+from bench.common import percentile, prepare_database  # noqa: E402
+
+common.BENCH_DB = "opsboard_bench_pages"  # its own scratch database: other benches drop theirs
+
+NODES, GPUS, RANKS = 32, 8, 256
+METRICS = ("gpu.util", "gpu.mem_used_bytes", "gpu.temp_c", "gpu.power_w")
+TARGET_MS = 300.0
+RANGES = {"15m": 900, "6h": 6 * 3600, "24h": 24 * 3600, "72h": 72 * 3600}
+CHART_RANGES = ("15m", "1h", "6h", "24h", "all")
+CLUSTER, RUN = "bench", "bench-run"
+SLOW_RANK = 137
+WINDOW = 600
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hours", type=float, default=72.0, help="history to seed (72)")
+    parser.add_argument("--reps", type=int, default=7, help="repetitions per timing (7)")
+    args = parser.parse_args()
+
+    env, conninfo = prepare_database()
+    os.environ.update(env)
+    os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsboard.settings")
+    import django
+
+    django.setup()
+
+    end = time.time() // WINDOW * WINDOW
+    start = end - round(args.hours * 3600 / WINDOW) * WINDOW
+    ids = seed(conninfo=conninfo, start=start, end=end)
+    rollups_build(conninfo=conninfo, start=start, end=end)
+    print(f"seeded {args.hours:g} h ending {time.strftime('%H:%M', time.gmtime(end))} UTC")
+
+    table = Table()
+    selector_timings(table, ids=ids, end=end, hours=args.hours, reps=args.reps)
+    raw_vs_rollup(table, ids=ids, end=end, hours=args.hours, reps=max(2, args.reps // 2))
+    generic_plans(table, ids=ids, end=end)
+    page_timings(table, reps=args.reps)
+    table.print()
+
+
+class Table:
+    """Rows of (what, resolution, median ms, p95 ms), printed against TARGET_MS."""
+
+    def __init__(self) -> None:
+        self.sections: list[tuple[str, list[tuple[str, str, float, float]]]] = []
+
+    def section(self, title: str) -> None:
+        self.sections.append((title, []))
+        print(f"-- {title}", flush=True)
+
+    def add(self, what: str, resolution: str, times_ms: list[float]) -> None:
+        median, p95 = statistics.median(times_ms), percentile(times_ms, 95)
+        self.sections[-1][1].append((what, resolution, median, p95))
+        print(f"   {what:<58} {resolution:>10} {median:9.1f} {p95:9.1f}", flush=True)
+
+    def print(self) -> None:
+        print(f"\n{'':<60} {'resolution':>10} {'median ms':>10} {'p95 ms':>9}  target 300 ms")
+        for title, rows in self.sections:
+            print(f"{title}")
+            for what, resolution, median, p95 in rows:
+                verdict = "ok" if p95 <= TARGET_MS else "OVER"
+                print(f"  {what:<58} {resolution:>10} {median:10.1f} {p95:9.1f}  {verdict}")
+
+
+def timed(call: Callable[[], Any], reps: int) -> tuple[list[float], Any]:
+    """Milliseconds of each of `reps` calls (after one warm-up call), and the last result."""
+    result = call()
+    times = []
+    for _ in range(reps):
+        began = time.perf_counter()
+        result = call()
+        times.append((time.perf_counter() - began) * 1000)
+    return times, result
+
+
+def selector_cases(ids: dict[str, Any]) -> dict[str, Callable[..., Any]]:
+    """Selector calls as the pages make them, each taking (start, end, res or None)."""
+    from apps.history.selectors.metrics import metric_history, metric_history_at
+    from apps.history.selectors.steps import run_step_history, run_step_history_at
+
+    def metric(nodes: list[int], gpu: Any) -> Callable[..., Any]:
+        def call(start: float, end: float, res: Any = None) -> Any:
+            args = {"node_ids": nodes, "metric": "gpu.util", "gpu": gpu, "start": start}
+            if res is None:
+                return metric_history(**args, end=end)
+            return metric_history_at(**args, end=end, res=res)
+
+        return call
+
+    def steps(start: float, end: float, res: Any = None) -> Any:
+        if res is None:
+            return run_step_history(run_id=ids["run"], start=start, end=end)
+        return run_step_history_at(run_id=ids["run"], start=start, end=end, res=res)
+
+    return {
+        "metric_history 1 node, 1 GPU": metric(ids["nodes"][:1], 3),
+        "metric_history 1 node, all 8 GPUs": metric(ids["nodes"][:1], "all"),
+        "metric_history 32 nodes, all GPUs (256 series)": metric(ids["nodes"], "all"),
+        "run_step_history 256 ranks": steps,
+    }
+
+
+def _ranges(hours: float) -> dict[str, int]:
+    return {key: span for key, span in RANGES.items() if span <= hours * 3600}
+
+
+def _res_text(result: Any) -> str:
+    return f"{result.resolution_s:g} s" if result.resolution_s else "raw pts"
+
+
+def selector_timings(table: Table, *, ids: dict, end: float, hours: float, reps: int) -> None:
+    table.section("selectors (as the pages call them, max_points = 1000)")
+    for name, call in selector_cases(ids).items():
+        for key, span in _ranges(hours).items():
+            times, result = timed(lambda c=call, s=span: c(end - s, end), reps)
+            table.add(f"{name} {key}", _res_text(result), times)
+
+
+def raw_vs_rollup(table: Table, *, ids: dict, end: float, hours: float, reps: int) -> None:
+    """The same bucketed query answered from raw data and from the rollup."""
+    from apps.history.selectors import Resolution
+
+    table.section("raw vs rollup, same query and bucket width")
+    steps = {"6h": (60, "1m"), "24h": (120, "1m"), "72h": (300, "1m")}
+    for name, call in selector_cases(ids).items():
+        if "1 GPU" in name:
+            continue
+        for key, span in _ranges(hours).items():
+            if key not in steps:
+                continue
+            step, source = steps[key]
+            for src in ("raw", source):
+                res = Resolution(step=step, source=src)
+                times, _ = timed(lambda c=call, s=span, r=res: c(end - s, end, r), reps)
+                table.add(f"{name} {key} from {src}", f"{step} s", times)
+
+
+@contextlib.contextmanager
+def prepared_generic_plans() -> Iterator[None]:
+    """Django's connection, but with server-side binding, every statement prepared at once
+    and generic plans forced: the worst case of psycopg's prepare_threshold."""
+    import psycopg
+    from django.db import connection
+
+    connection.ensure_connection()
+    raw = connection.connection
+    factory, threshold = raw.cursor_factory, raw.prepare_threshold
+    raw.cursor_factory, raw.prepare_threshold = psycopg.Cursor, 0
+    raw.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        yield
+    finally:
+        raw.execute("RESET plan_cache_mode")
+        raw.cursor_factory, raw.prepare_threshold = factory, threshold
+
+
+def generic_plans(table: Table, *, ids: dict, end: float) -> None:
+    table.section("10 repetitions: client-side binding vs prepared with generic plans")
+    for name, call in selector_cases(ids).items():
+        for key, span in (("15m", 900), ("24h", 86400)):
+            start = end - span
+            custom, expected = timed(lambda c=call, s=start: c(s, end), 10)
+            table.add(f"{name} {key} custom plans", _res_text(expected), custom)
+            with prepared_generic_plans():
+                generic, result = timed(lambda c=call, s=start: c(s, end), 10)
+            same = "same result" if result == expected else "RESULT DIFFERS"
+            table.add(f"{name} {key} generic plans ({same})", _res_text(result), generic)
+
+
+def page_urls() -> list[str]:
+    """Every page and chart-data URL of the dashboard (charts read from its registries)."""
+    pages = ["/", "/alerts/", f"/clusters/{CLUSTER}/", f"/clusters/{CLUSTER}/runs/{RUN}/"]
+    pages.append(f"/clusters/{CLUSTER}/nodes/node-00/")
+    try:
+        from apps.dashboard.charts import NODE_CHARTS, RUN_CHARTS
+    except ImportError:  # the dashboard app is not there yet: selectors only
+        return []
+    for chart in RUN_CHARTS:
+        base = f"/clusters/{CLUSTER}/runs/{RUN}/charts/{chart}.json"
+        pages += [f"{base}?range={key}" for key in CHART_RANGES]
+    for chart in NODE_CHARTS:
+        base = f"/clusters/{CLUSTER}/nodes/node-00/charts/{chart}.json"
+        pages += [f"{base}?range={key}" for key in CHART_RANGES]
+    return pages
+
+
+def page_timings(table: Table, *, reps: int) -> None:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    urls = page_urls()
+    if not urls:
+        return
+    table.section("dashboard pages and chart data (in-process test client)")
+    user, _ = get_user_model().objects.get_or_create(username="bench", is_staff=True)
+    client = Client()
+    client.force_login(user)
+    for url in urls:
+        status = client.get(url).status_code
+        times, response = timed(lambda u=url: client.get(u), reps)
+        table.add(url if status == 200 else f"{url} [HTTP {status}]", "", times)
+
+
+# --- seeding ---------------------------------------------------------------------------------
+# 16 value patterns per metric, 600 points each: chunks copy one (no per-point work here).
+_PATTERNS_SQL = """
+CREATE TEMP TABLE bench_pattern AS
+SELECT m.id AS metric_id, p AS pattern, array_agg(v ORDER BY i) AS vals, min(v) AS vmin,
+       max(v) AS vmax, sum(v) AS vsum
+FROM telemetry_metric m CROSS JOIN generate_series(0, 15) p CROSS JOIN generate_series(0, 599) i
+CROSS JOIN LATERAL (SELECT round((CASE m.name
+    WHEN 'gpu.util' THEN 85 + 12 * sin(i / 30.0 + p)
+    WHEN 'gpu.mem_used_bytes' THEN 6.0e10 + 1.0e9 * sin(i / 90.0 + p)
+    WHEN 'gpu.temp_c' THEN 70 + 5 * sin(i / 120.0 + p)
+    ELSE 550 + 80 * sin(i / 45.0 + p) END)::numeric, 2)::float8 AS v) x
+WHERE m.name = ANY(%(metrics)s)
+GROUP BY m.id, p
+"""
+# Sealed 10-minute chunks, as compaction leaves them, window by window (BRIN-friendly order).
+_CHUNKS_SQL = """
+INSERT INTO telemetry_chunk (node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, sealed,
+                             offsets_ms, vals)
+SELECT n.id, p.metric_id, g, to_timestamp(w), to_timestamp(w + 599), 600, p.vmin, p.vmax,
+       p.vsum, true, o.offs, p.vals
+FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 600, 600) w
+CROSS JOIN unnest(%(nodes)s::int4[]) n(id) CROSS JOIN generate_series(0, 7) g
+CROSS JOIN (SELECT array_agg(i * 1000 ORDER BY i) AS offs FROM generate_series(0, 599) i) o
+JOIN bench_pattern p ON p.pattern = (n.id * 8 + g + w / 600) %% 16
+"""
+# One report per rank per second; rank SLOW_RANK is 35 % slower, the others wait for it.
+_STEPS_SQL = """
+INSERT INTO runs_stepreport (run_id, node_id, ts, rank, step, step_time, data_time, h2d_time,
+                             compute_time, comm_wait, tokens, loss)
+SELECT %(run)s, (%(nodes)s::int8[])[r / 8 + 1], to_timestamp(s), r, s - %(first)s, st, 0.05,
+       0.01, CASE WHEN r = %(slow)s THEN st - 0.06 ELSE 0.6 END,
+       CASE WHEN r = %(slow)s THEN 0.0 ELSE st - 0.66 END, 4096,
+       2.0 + 8.0 / (10 + (s - %(first)s) / 600.0)
+FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) s CROSS JOIN generate_series(0, 255) r
+CROSS JOIN LATERAL (SELECT 1.35 + 0.02 * sin(s / 60.0) AS st) x
+"""
+SLICE_S = 6 * 3600
+
+
+def seed(*, conninfo: str, start: float, end: float) -> dict[str, Any]:
+    """Cluster, nodes, latest health, run; then chunks and step reports by server-side SQL."""
+    import psycopg
+    from django.utils import timezone
+
+    from apps.clusters.models import Cluster, Node
+    from apps.runs.models import Run
+    from apps.telemetry.models import NodeHealth
+    from apps.telemetry.services import metric_ids, to_datetime
+
+    cluster = Cluster.objects.create(name=CLUSTER)
+    nodes = Node.objects.bulk_create(
+        Node(cluster=cluster, name=f"node-{i:02d}", last_seen=timezone.now()) for i in range(NODES)
+    )
+    NodeHealth.objects.bulk_create(
+        NodeHealth(node=node, gpu=gpu, ts=timezone.now(), values={"gpu.util": 90.0})
+        for node in nodes
+        for gpu in range(-1, GPUS)
+    )
+    metric_ids(names=METRICS)
+    run = Run.objects.create(
+        cluster=cluster, name=RUN, first_step=0, last_step=int(end - start) - 1,
+        last_step_at=to_datetime(end - 1), world_size=RANKS,
+    )  # fmt: skip
+    Run.objects.filter(pk=run.pk).update(created_at=to_datetime(start))
+    ids = {"nodes": [node.id for node in nodes], "run": run.id}
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = off")
+        conn.execute(_PATTERNS_SQL, {"metrics": list(METRICS)})
+        for what, sql in (("sample chunks", _CHUNKS_SQL), ("step reports", _STEPS_SQL)):
+            began, count = time.perf_counter(), 0
+            for lo in range(int(start), int(end), SLICE_S):
+                params = {"lo": lo, "hi": min(lo + SLICE_S, int(end)), "first": int(start)}
+                params |= {"run": run.id, "nodes": ids["nodes"], "slow": SLOW_RANK}
+                count += conn.execute(sql, params).rowcount
+            print(f"seeded {count:,} {what} in {time.perf_counter() - began:.0f} s", flush=True)
+        conn.execute("ANALYZE")
+    return ids
+
+
+def rollups_build(*, conninfo: str, start: float, end: float) -> None:
+    """The rollups, by the production code path: dirty ranges per window, then refresh."""
+    from datetime import timedelta
+
+    import psycopg
+
+    from apps.history.services import rollups_rebuild
+    from apps.telemetry.services import to_datetime
+
+    began = time.perf_counter()
+    result = rollups_rebuild(
+        start=to_datetime(start), end=to_datetime(end + 60), window=timedelta(hours=6)
+    )
+    print(
+        f"rolled up {result.claimed:,} dirty ranges in {time.perf_counter() - began:.0f} s",
+        flush=True,
+    )
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+        for table in ("telemetry_chunk", "runs_stepreport", "history_sample_1m",
+                      "history_sample_1h", "history_step_1m", "history_step_1h"):  # fmt: skip
+            rows, size = conn.execute(
+                f"SELECT count(*), pg_total_relation_size('{table}') FROM {table}"
+            ).fetchone()
+            print(f"  {table:<20} {rows:>12,} rows {size / 2**20:>9,.0f} MiB", flush=True)
+
+
+if __name__ == "__main__":
+    main()
