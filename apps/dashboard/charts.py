@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -75,17 +75,22 @@ class RunContext:
     run: Run
     began: float  # selectors.run_began(run): when its first step was reported
     summary: dict[str, Any] | None = None  # run_summary, for the goodput chart
+    # the step history of a span, read once for the throughput, stages and loss charts
+    step_histories: dict[tuple[float, float], dict[str, Any]] = field(default_factory=dict)
 
     def span(self, tr: TimeRange) -> tuple[float, float]:
         return selectors.run_span(run=self.run, tr=tr, began=self.began)
 
 
 def _step_history(ctx: RunContext, tr: TimeRange) -> dict[str, Any]:
-    start, end = ctx.span(tr)
-    history = run_step_history(
-        run_id=ctx.run.id, start=start, end=end, max_points=_step_points(start, end)
-    ).to_dict()
-    return _trimmed(history)
+    span = ctx.span(tr)
+    if span not in ctx.step_histories:
+        start, end = span
+        history = run_step_history(
+            run_id=ctx.run.id, start=start, end=end, max_points=_step_points(start, end)
+        ).to_dict()
+        ctx.step_histories[span] = _trimmed(history)
+    return ctx.step_histories[span]
 
 
 def _step_points(start: float, end: float) -> int:

@@ -4,6 +4,7 @@ Every function here runs a fixed number of queries whatever the number of nodes 
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -18,8 +19,7 @@ from apps.alerts.choices import OPEN_STATES
 from apps.alerts.models import Alert
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
-from apps.history.selectors.resolution import range_split, resolution_choose
-from apps.history.selectors.steps import ROLLUP_TABLES as STEP_ROLLUP_TABLES
+from apps.history.selectors import resolution_choose
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent, StepReport
 from detectors.config import DEFAULT_CONFIG
@@ -309,17 +309,19 @@ def rank_busy_history(
     """Per rank and time bucket: the mean step time less collective wait (the rank's own
     work). In synchronous training every rank's step_time is the same — the fast ranks wait
     in the all-reduce for the slow one — so it is this time, not step_time, in which a
-    straggler stands out. Buckets, sources and the rollup/raw split are apps.history's (its
-    per-rank step rollups carry the comm_wait sums this needs); one query, two when a rollup
-    serves the range. {"ts": bucket starts, "ranks": [...], "z": rank × bucket, None where a
-    rank reported nothing, "resolution_s"}."""
+    straggler stands out. apps.history's StepHistory has per-rank step_time only, so this
+    reads the step reports (bucket widths chosen as apps.history chooses them); over a wide
+    range of a big run it reads every `stride`-th step, about BUSY_ROW_BUDGET reports at
+    most. One query: {"ts": bucket starts, "ranks": [...], "z": rank × bucket (None where a
+    rank reported nothing), "resolution_s", "stride"}."""
     res = resolution_choose(
         start=start, end=end, max_points=max_points, now=time.time(), raw_points=False
     )
-    split = range_split(start=start, end=end, res=res)
-    params = {"run": run.id, "step": res.step, "end": end, **vars(split)}
+    # rows ≈ ranks × steps, at one step per second at most (a conservative estimate)
+    stride = max(1, math.ceil(max(run.world_size, 1) * (end - start) / BUSY_ROW_BUDGET))
+    params = {"run": run.id, "step": res.step, "start": start, "end": end, "stride": stride}
     with connection.cursor() as cursor:
-        cursor.execute(_BUSY_SQL.format(table=STEP_ROLLUP_TABLES[res.source]), params)
+        cursor.execute(_BUSY_SQL, params)
         rows = cursor.fetchall()
     used = sorted({k for _, k, _ in rows})
     column = {k: i for i, k in enumerate(used)}
@@ -328,26 +330,16 @@ def rank_busy_history(
     z: list[list[float | None]] = [[None] * len(used) for _ in ranks]
     for rank, k, value in rows:
         z[row_of[rank]][column[k]] = round(value, 6)
-    return {"ts": [k * res.step for k in used], "ranks": ranks, "z": z, "resolution_s": res.step}
+    ts = [k * res.step for k in used]
+    return {"ts": ts, "ranks": ranks, "z": z, "resolution_s": res.step, "stride": stride}
 
 
-# Raw reports after the split, rollup buckets before it (as apps.history.selectors.steps).
+BUSY_ROW_BUDGET = 2_000_000
 _BUSY_SQL = """
-WITH raw AS (
-    SELECT rank, floor(extract(epoch FROM ts) / %(step)s) AS k, count(*) AS n,
-           sum(step_time - coalesce(comm_wait, 0)) AS busy
-    FROM runs_stepreport
-    WHERE run_id = %(run)s AND ts >= to_timestamp(%(raw_lo)s) AND ts < to_timestamp(%(end)s)
-      AND %(raw_lo)s < %(end)s
-    GROUP BY rank, k
-), rolled AS (
-    SELECT rank, floor(extract(epoch FROM bucket) / %(step)s) AS k, sum(n) AS n,
-           sum(step_time_sum - coalesce(comm_wait_sum, 0)) AS busy
-    FROM {table}
-    WHERE run_id = %(run)s AND bucket >= to_timestamp(%(roll_lo)s)
-      AND bucket < to_timestamp(%(roll_hi)s) AND %(roll_lo)s < %(roll_hi)s
-    GROUP BY rank, k
-)
-SELECT rank, k::bigint, sum(busy) / sum(n) FROM (SELECT * FROM raw UNION ALL SELECT * FROM rolled) a
+SELECT rank, floor(extract(epoch FROM ts)::float8 / %(step)s)::bigint AS k,
+       avg(step_time - coalesce(comm_wait, 0))
+FROM runs_stepreport
+WHERE run_id = %(run)s AND ts >= to_timestamp(%(start)s) AND ts < to_timestamp(%(end)s)
+  AND step %% %(stride)s = 0
 GROUP BY rank, k ORDER BY rank, k
 """

@@ -26,8 +26,8 @@ def xid_alerts(cluster, nodes: int) -> None:
 # Pinned: a change here is a change in how the page reads (session and user included).
 PAGES = {
     "overview": ("/clusters/{c}/", 7),
-    "run": ("/clusters/{c}/runs/" + RUN + "/", 21),
-    "node": ("/clusters/{c}/nodes/node-00/", 13),
+    "run": ("/clusters/{c}/runs/" + RUN + "/", 20),
+    "node": ("/clusters/{c}/nodes/node-00/", 18),
     "alerts": ("/alerts/?cluster={c}", 5),
 }
 

@@ -1,0 +1,35 @@
+"""The dashboard's own reads: the heat-map's sampling of wide ranges, the run's span."""
+
+import time
+
+import pytest
+
+from apps.dashboard import selectors
+from apps.runs.models import Run
+from tests.dashboard.conftest import RUN
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_wide_range_of_the_heatmap_reads_every_nth_step(cluster):
+    run = Run.objects.get(cluster=cluster, name=RUN)
+    now = time.time()
+    narrow = selectors.rank_busy_history(run=run, start=now - 60, end=now + 1)
+    assert narrow["stride"] == 1
+    week = selectors.rank_busy_history(run=run, start=now - 7 * 86400, end=now + 1)
+    assert week["stride"] == 3  # 8 ranks × 7 days of seconds / 2 M reports
+    assert week["ranks"] == narrow["ranks"] == list(range(8))
+    cells = [value for row in week["z"] for value in row if value is not None]
+    assert cells and all(value == pytest.approx(0.64) for value in cells)
+
+
+def test_the_run_span_is_the_part_of_the_range_with_steps(cluster):
+    run = Run.objects.get(cluster=cluster, name=RUN)
+    now = time.time()
+    began = selectors.run_began(run)
+    assert now - 11 < began < now - 8  # the first of 10 one-second steps
+    day = selectors.time_range(key="24h", now=now, began=began)
+    start, end = selectors.run_span(run=run, tr=day, began=began)
+    assert start == began and end == pytest.approx(run.last_step_at.timestamp() + 1)
+    whole = selectors.time_range(key="all", now=now, began=began)
+    assert whole.start == pytest.approx(now - 60)  # at least a minute, even for a new run
