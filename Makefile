@@ -43,3 +43,4 @@ bench: install
 	$(PY) bench/ingest.py --rate 120000   # a paced load: is it sustainable (flat backlog)?
 	$(PY) bench/detectors.py
 	$(PY) bench/agent_overhead.py
+	$(PY) bench/pages.py                  # pages, charts and history selectors over a 72 h run
