@@ -170,15 +170,16 @@ def alerts_page(request: HttpRequest) -> HttpResponse:
     alerts = selectors.alerts_filtered(
         cluster=cluster, **{k: v for k, v in filters.items() if k != "cluster"}
     )
+    # the live feed of the clusters whose alerts are listed (of every cluster when none is)
+    watched = [cluster.name] if cluster else sorted({a.cluster.name for a in alerts})
+    watched = watched or [c.name for c in clusters]
     context = {
         "alerts": alerts,
         "filters": filters,
         "clusters": clusters,
         "kinds": selectors.alert_kinds(),
         "states": AlertState.values,
-        "live": _live_config(
-            sorted({a.cluster.name for a in alerts} or {c.name for c in clusters})
-        ),
+        "live": _live_config(watched) if watched else None,
     }
     return render(request, "dashboard/alerts.html", context)
 

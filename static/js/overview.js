@@ -82,7 +82,8 @@
     tiles(node).forEach((tile) => {
       let a = box.children[tile.gpu];
       if (!a) { a = document.createElement("a"); a.className = "tile"; a.href = nodeHref(node); box.appendChild(a); }
-      a.dataset.gpu = String(tile.gpu); a.dataset.state = tile.state; a.title = describe(node, tile);
+      a.dataset.gpu = String(tile.gpu); a.dataset.state = tile.state;
+      a.title = describe(node, tile); a.setAttribute("aria-label", a.title);
     });
   }
 

@@ -104,3 +104,11 @@ def test_it_does_not_redirect_to_another_site(alerts):
         {"next": "https://evil.example/", "csrfmiddlewaretoken": token},
     )
     assert response["Location"] == "/alerts/"
+
+
+def test_the_alerts_page_follows_the_listed_clusters_live(alerts, client_in, cluster):
+    from tests.dashboard.test_pages import json_script
+
+    html = client_in.get(f"/alerts/?cluster={cluster.name}").content.decode()
+    assert json_script(html, "live-config")["clusters"] == [cluster.name]
+    assert 'id="live-status"' in html
