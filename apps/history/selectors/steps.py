@@ -46,42 +46,49 @@ class StepHistory:
         return asdict(self)
 
 
-_SUMS = "count(*) AS n, sum(step_time) AS st_sum, " + ", ".join(
-    f"sum({stage}) AS {stage}_sum, count({stage}) AS {stage}_n" for stage in STAGES
-)
-_ROLLED_SUMS = "sum(n) AS n, sum(step_time_sum) AS st_sum, " + ", ".join(
+_SUMS = ", ".join(f"sum({stage}) AS {stage}_sum, count({stage}) AS {stage}_n" for stage in STAGES)
+_ROLLED_SUMS = ", ".join(
     f"sum({stage}_sum) AS {stage}_sum, sum({stage}_n) AS {stage}_n" for stage in STAGES
 )
 _STAGE_MEANS = ", ".join(f"sum({stage}_sum) / nullif(sum({stage}_n), 0)" for stage in STAGES)
 
 # Both parts are bounded by constants (the raw one lies after the last rollup pass), so the
-# raw scan stays on the BRIN index of ts and the rollup one on the primary key.
+# raw scan stays on the BRIN index of ts and the rollup one on the primary key. The rank ×
+# bucket cells leave as per-rank arrays of (bucket, count, step-time sum) — raw reports one
+# by one — and are summed in Python: aggregating 256 ranks × 900 s of reports by cell in
+# Postgres spilled to disk and cost more than the scan.
 _STEPS_SQL = f"""
-WITH raw AS (
-    SELECT rank, floor(extract(epoch FROM ts)::float8 / %(step)s) AS k, {_SUMS},
-           sum(tokens)::float8 AS tokens, sum(loss) AS loss_sum, count(loss) AS loss_n
+WITH raw AS MATERIALIZED (
+    SELECT rank, (floor(extract(epoch FROM ts)::float8 / %(step)s) - %(k0)s)::int AS i,
+           step_time, data_time, h2d_time, compute_time, comm_wait, tokens, loss
     FROM runs_stepreport
     WHERE run_id = %(run)s AND ts >= to_timestamp(%(raw_lo)s) AND ts < to_timestamp(%(end)s)
       AND %(raw_lo)s < %(end)s
-    GROUP BY rank, k
-), rolled AS (
-    SELECT rank, floor(extract(epoch FROM bucket)::float8 / %(step)s) AS k, {_ROLLED_SUMS},
-           sum(tokens_sum)::float8 AS tokens, sum(loss_sum) AS loss_sum, sum(loss_n) AS loss_n
+), rolled AS MATERIALIZED (
+    SELECT rank, (floor(extract(epoch FROM bucket)::float8 / %(step)s) - %(k0)s)::int AS i,
+           n, step_time_sum, {", ".join(f"{s}_sum, {s}_n" for s in STAGES)}, tokens_sum,
+           loss_sum, loss_n
     FROM {{table}}
     WHERE run_id = %(run)s AND bucket >= to_timestamp(%(roll_lo)s)
       AND bucket < to_timestamp(%(roll_hi)s) AND %(roll_lo)s < %(roll_hi)s
-    GROUP BY rank, k
-), agg AS MATERIALIZED (
-    SELECT (k - %(k0)s)::int AS i, * FROM raw UNION ALL SELECT (k - %(k0)s)::int, * FROM rolled
+), cells AS (
+    SELECT rank, i, 1 AS n, step_time AS st_sum FROM raw
+    UNION ALL
+    SELECT rank, i, n, step_time_sum FROM rolled
 ), per_rank AS (
-    -- sparse (bucket index, mean) pairs, unordered: no sort of rank × bucket rows here
-    SELECT rank, json_build_array(rank, array_agg(i), array_agg(st_sum / n)) AS cells
-    FROM agg GROUP BY rank
+    SELECT rank, json_build_array(rank, array_agg(i), array_agg(n), array_agg(st_sum)) AS cells
+    FROM cells GROUP BY rank
+), buckets AS (
+    SELECT i, {_SUMS}, sum(tokens)::float8 AS tokens, sum(loss) AS loss_sum,
+           count(loss) AS loss_n
+    FROM raw GROUP BY i
+    UNION ALL
+    SELECT i, {_ROLLED_SUMS}, sum(tokens_sum)::float8, sum(loss_sum), sum(loss_n)
+    FROM rolled GROUP BY i
 ), per_bucket AS (
-    SELECT json_build_array(i, {_STAGE_MEANS}, sum(n)::float8 / count(*) / %(step)s,
-                            sum(tokens) / %(step)s, sum(loss_sum) / nullif(sum(loss_n), 0))
-           AS cells
-    FROM agg GROUP BY i
+    SELECT json_build_array(i, {_STAGE_MEANS}, sum(tokens) / %(step)s,
+                            sum(loss_sum) / nullif(sum(loss_n), 0)) AS cells
+    FROM buckets GROUP BY i
 )
 SELECT json_build_array(
     (SELECT coalesce(json_agg(cells ORDER BY rank), '[]') FROM per_rank),
@@ -133,28 +140,43 @@ def _step_history(
     with connection.cursor() as cursor:
         cursor.execute(_STEPS_SQL.format(table=ROLLUP_TABLES[res.source]), params)
         per_rank, per_bucket = orjson.loads(cursor.fetchone()[0])
-    columns: list[list[float | None]] = [[None] * buckets for _ in range(7)]
+    # stages' means, tokens/s and loss per bucket; steps/s from the cells below
+    columns: list[list[float | None]] = [[None] * buckets for _ in range(6)]
     for i, *values in per_bucket:
         if 0 <= i < buckets:
             for column, value in zip(columns, values, strict=True):
                 column[i] = value
+    reports, ranks_seen = [0] * buckets, [0] * buckets
+    step_time = []
+    for _, indexes, counts, sums in per_rank:
+        means = _cell_means(indexes, counts, sums, buckets)
+        for i, (count, _) in enumerate(means):
+            reports[i] += count
+            ranks_seen[i] += count > 0
+        step_time.append([total / count if count else None for count, total in means])
     return StepHistory(
         resolution_s=step,
         start=start,
         end=end,
         ts=[(first + i) * step for i in range(buckets)],
-        ranks=[rank for rank, _, _ in per_rank],
-        step_time=[_dense(indexes, means, buckets) for _, indexes, means in per_rank],
+        ranks=[rank for rank, *_ in per_rank],
+        step_time=step_time,
         stages=dict(zip(STAGES, columns[:4], strict=True)),
-        steps_per_s=columns[4],
-        tokens_per_s=columns[5],
-        loss=columns[6],
+        steps_per_s=[
+            reports[i] / ranks_seen[i] / step if ranks_seen[i] else None for i in range(buckets)
+        ],
+        tokens_per_s=columns[4],
+        loss=columns[5],
     )
 
 
-def _dense(indexes: list[int], values: list[float], buckets: int) -> list[float | None]:
-    row: list[float | None] = [None] * buckets
-    for i, value in zip(indexes, values, strict=True):
+def _cell_means(
+    indexes: list[int], counts: list[int], sums: list[float], buckets: int
+) -> list[tuple[int, float]]:
+    """(report count, step-time sum) per bucket of one rank."""
+    count, total = [0] * buckets, [0.0] * buckets
+    for i, n, value in zip(indexes, counts, sums, strict=True):
         if 0 <= i < buckets:
-            row[i] = value
-    return row
+            count[i] += n
+            total[i] += value
+    return list(zip(count, total, strict=True))
