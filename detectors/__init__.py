@@ -9,6 +9,7 @@ config)`. Nothing here imports Django or touches storage: a service loads the wi
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from detectors import (
     checkpoint,
@@ -53,7 +54,33 @@ def detect_all(
     for detector in DETECTORS:
         for finding in detector(window, now, config):
             found.setdefault((finding.kind, finding.subject), finding)
-    return [found[key] for key in sorted(found)]
+    return relate([found[key] for key in sorted(found)])
+
+
+# A slow rank on a node whose GPU is hot or power-capped is most likely slow because of it.
+EXPLAINS_STRAGGLER = ("thermal", "power")
+
+
+def relate(findings: list[Finding]) -> list[Finding]:
+    """Name the probable cause on findings that follow from another one: a straggler on a
+    node with a thermal or power finding says so (both alerts stay: each has its own fix)."""
+    causes: dict[str, list[Finding]] = {}
+    for finding in findings:
+        if finding.kind in EXPLAINS_STRAGGLER and finding.node:
+            causes.setdefault(finding.node, []).append(finding)
+    related = []
+    for finding in findings:
+        hot = causes.get(finding.node or "", []) if finding.kind == "straggler" else []
+        if hot:
+            gpus = ", ".join(f"GPU {f.gpu} {f.kind}" for f in hot if f.gpu is not None)
+            finding = replace(
+                finding,
+                summary=f"{finding.summary}; probably because {finding.node} is throttling"
+                + (f" ({gpus})" if gpus else ""),
+                evidence={**finding.evidence, "probable_cause": [f.subject for f in hot]},
+            )
+        related.append(finding)
+    return related
 
 
 __all__ = [

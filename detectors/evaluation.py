@@ -216,7 +216,7 @@ def format_table(rows: Sequence[KindRow]) -> str:
     """A Markdown table: recall, culprit, false alarms, time to detect per fault label."""
 
     def seconds(value: float | None) -> str:
-        return "—" if value is None else f"{value:.0f} s"
+        return "—" if value is None else f"{max(0.0, value):.0f} s"  # never "-0 s"
 
     lines = [
         "| fault | runs | recall | culprit right | false alarms | consequences "

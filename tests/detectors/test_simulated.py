@@ -55,3 +55,12 @@ def test_a_straggler_on_a_large_tp_run_names_its_node():
     window, now = play("straggler:rank=13,at=0,factor=1.35", duration=120, nodes=4, tp=2)
     (f,) = detect_all(window, now)
     assert f.node == "sim-node-01" and "rank 13 on sim-node-01" in f.summary
+
+
+def test_a_straggler_on_a_hot_gpu_names_the_heat_as_its_probable_cause():
+    window, now = play("thermal:node=0,gpu=1,at=60", duration=300)
+    found = {f.kind: f for f in detect_all(window, now)}
+    straggler = found["straggler"]
+    assert straggler.evidence["probable_cause"] == ["node:sim-node-00/gpu:1"]
+    assert "probably because sim-node-00 is throttling (GPU 1 thermal)" in straggler.summary
+    assert "probable_cause" not in found["thermal"].evidence
