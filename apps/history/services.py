@@ -11,6 +11,10 @@ buckets from raw data and then the hours containing them from the minutes, upser
 Because buckets are recomputed from raw, never incremented, a re-run or a replay cannot
 double count, and data arriving days late simply makes its buckets dirty again.
 
+Every raw or rollup table is reached per island or hour through an OFFSET 0 lateral subquery
+(a parameterized index scan): joined plainly, the planner may hash-join the claimed ranges
+with a sequential scan of the whole table, on every pass.
+
 Limits, by design: buckets older than the raw retention are not recomputed (their raw data
 may be partly pruned; data that late is dropped from every tier), and hours older than the
 1-minute retention are not either (their minutes may be gone).
@@ -102,13 +106,14 @@ WITH {_CLAIM.format(table="history_dirty_series")},
 chunks AS (
     SELECT i.node_id, i.metric_id, i.gpu, i.lo * 1000 AS lo_ms, i.hi * 1000 AS hi_ms,
            extract(epoch FROM c.t0)::float8 * 1000 AS e0_ms, c.offsets_ms, c.vals
-    FROM islands i JOIN LATERAL (
+    FROM islands i CROSS JOIN LATERAL (
         SELECT t0, offsets_ms, vals FROM telemetry_chunk c
         WHERE c.node_id = i.node_id AND c.metric_id = i.metric_id AND c.gpu = i.gpu
           AND c.t0 < to_timestamp(i.hi) AND c.t1 >= to_timestamp(i.lo)
           -- an uncompacted chunk holds one batch: it never starts long before its points
           AND c.t0 >= to_timestamp(i.lo) - interval '1 day'
-    ) c ON true
+        OFFSET 0
+    ) c
 ), minutes AS (
     SELECT node_id, metric_id, gpu, floor((e0_ms + u.o) / 60000) AS k, count(*) AS n,
            sum(u.v) AS vsum, min(u.v) AS vmin, max(u.v) AS vmax
@@ -134,8 +139,12 @@ INSERT INTO history_sample_1h (node_id, metric_id, gpu, bucket, n, vsum, vmin, v
 SELECT h.node_id, h.metric_id, h.gpu, h.hour, sum(m.n), sum(m.vsum), min(m.vmin), max(m.vmax)
 FROM unnest(%s::int4[], %s::int4[], %s::int2[], %s::timestamptz[]) AS h(node_id, metric_id, gpu,
                                                                            hour)
-JOIN history_sample_1m m ON m.node_id = h.node_id AND m.metric_id = h.metric_id
- AND m.gpu = h.gpu AND m.bucket >= h.hour AND m.bucket < h.hour + interval '1 hour'
+CROSS JOIN LATERAL (
+    SELECT n, vsum, vmin, vmax FROM history_sample_1m m
+    WHERE m.node_id = h.node_id AND m.metric_id = h.metric_id AND m.gpu = h.gpu
+      AND m.bucket >= h.hour AND m.bucket < h.hour + interval '1 hour'
+    OFFSET 0
+) m
 WHERE h.hour >= to_timestamp(%s)
 GROUP BY h.node_id, h.metric_id, h.gpu, h.hour
 ON CONFLICT (node_id, metric_id, gpu, bucket) DO UPDATE SET
@@ -165,8 +174,11 @@ WITH {_CLAIM.format(table="history_dirty_run")},
 upserted AS (
     INSERT INTO history_step_1m (run_id, rank, bucket, {STEP_COLUMNS})
     SELECT s.run_id, s.rank, date_trunc('minute', s.ts), {_STEP_RAW_AGGREGATES}
-    FROM islands i JOIN runs_stepreport s ON s.run_id = i.run_id
-     AND s.ts >= to_timestamp(i.lo) AND s.ts < to_timestamp(i.hi)
+    FROM islands i CROSS JOIN LATERAL (
+        SELECT * FROM runs_stepreport s
+        WHERE s.run_id = i.run_id AND s.ts >= to_timestamp(i.lo) AND s.ts < to_timestamp(i.hi)
+        OFFSET 0
+    ) s
     GROUP BY s.run_id, s.rank, date_trunc('minute', s.ts)
     ON CONFLICT (run_id, bucket, rank) DO UPDATE SET {_STEP_UPDATE}
     RETURNING run_id, bucket
@@ -177,8 +189,11 @@ _STEP_HOURS_SQL = f"""
 INSERT INTO history_step_1h (run_id, rank, bucket, {STEP_COLUMNS})
 SELECT h.run_id, m.rank, h.hour, {_STEP_ROLLUP_AGGREGATES}
 FROM unnest(%s::int8[], %s::timestamptz[]) AS h(run_id, hour)
-JOIN history_step_1m m ON m.run_id = h.run_id
- AND m.bucket >= h.hour AND m.bucket < h.hour + interval '1 hour'
+CROSS JOIN LATERAL (
+    SELECT * FROM history_step_1m m
+    WHERE m.run_id = h.run_id AND m.bucket >= h.hour AND m.bucket < h.hour + interval '1 hour'
+    OFFSET 0
+) m
 WHERE h.hour >= to_timestamp(%s)
 GROUP BY h.run_id, m.rank, h.hour
 ON CONFLICT (run_id, bucket, rank) DO UPDATE SET {_STEP_UPDATE}
