@@ -129,6 +129,8 @@ class BrowserPage:
         self.context = browser.new_context(viewport={"width": 1400, "height": 900})
         self.page = self.context.new_page()
         self.errors: list[str] = []
+        self.requests: list[str] = []  # every URL the page asked for (no CDN: all ours)
+        self.page.on("request", lambda request: self.requests.append(request.url))
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
         log_in(self.page, base_url, username, PASSWORD)

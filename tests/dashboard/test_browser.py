@@ -5,6 +5,7 @@ heat-map and as an alert, and an acknowledgement reaches another open browser.""
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
 import pytest
 from django.db import connections
@@ -144,5 +145,8 @@ def test_the_run_page_shows_a_straggler_and_an_acknowledgement_reaches_other_bro
     assert actor.page.locator(".node-tiles .tile").count() == 4
     screenshot(actor.page, "dashboard-node")
     assert watcher.errors == [] and actor.errors == []
+    hosts = {urlsplit(url).hostname for url in watcher.requests + actor.requests}
+    assert hosts == {"127.0.0.1"}  # Plotly and everything else from our own server
+    assert any(url.endswith("/vendor/plotly.min.js") for url in watcher.requests)
     watcher.close()
     actor.close()
