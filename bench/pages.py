@@ -19,12 +19,11 @@ built by the real code path (`rollups_rebuild`: dirty ranges → `rollups_refres
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -179,26 +178,9 @@ def raw_vs_rollup(table: Table, *, ids: dict, end: float, hours: float, reps: in
                 table.add(f"{name} {key} from {src}", f"{step} s", times)
 
 
-@contextlib.contextmanager
-def prepared_generic_plans() -> Iterator[None]:
-    """Django's connection, but with server-side binding, every statement prepared at once
-    and generic plans forced: the worst case of psycopg's prepare_threshold."""
-    import psycopg
-    from django.db import connection
-
-    connection.ensure_connection()
-    raw = connection.connection
-    factory, threshold = raw.cursor_factory, raw.prepare_threshold
-    raw.cursor_factory, raw.prepare_threshold = psycopg.Cursor, 0
-    raw.execute("SET plan_cache_mode = force_generic_plan")
-    try:
-        yield
-    finally:
-        raw.execute("RESET plan_cache_mode")
-        raw.cursor_factory, raw.prepare_threshold = factory, threshold
-
-
 def generic_plans(table: Table, *, ids: dict, end: float) -> None:
+    from tests.history.helpers import prepared_generic_plans
+
     table.section("10 repetitions: client-side binding vs prepared with generic plans")
     for name, call in selector_cases(ids).items():
         for key, span in (("15m", 900), ("24h", 86400)):

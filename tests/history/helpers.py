@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 from django.db import connection
 
@@ -100,3 +102,22 @@ def expected_minutes(start: float, seconds: int, gpu: int) -> dict[float, tuple]
         ts = start + t
         buckets.setdefault(ts // 60 * 60, []).append(value_at(ts, gpu))
     return {b: (len(v), sum(v), min(v), max(v)) for b, v in buckets.items()}
+
+
+@contextlib.contextmanager
+def prepared_generic_plans() -> Iterator[None]:
+    """Django's connection, but with server-side binding, every statement prepared at once
+    and generic plans forced: the worst case should psycopg's prepare_threshold be set."""
+    import psycopg
+
+    connection.ensure_connection()
+    raw = connection.connection
+    factory, threshold = raw.cursor_factory, raw.prepare_threshold
+    raw.cursor_factory, raw.prepare_threshold = psycopg.Cursor, 0
+    raw.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        yield
+    finally:
+        raw.execute("RESET plan_cache_mode")
+        raw.execute("DEALLOCATE ALL")  # psycopg forgets its prepared statements too
+        raw.cursor_factory, raw.prepare_threshold = factory, threshold

@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from apps.clusters.models import Node
 from apps.history.selectors import (
     Resolution,
     metric_history,
@@ -15,6 +16,7 @@ from apps.runs.models import Run
 from tests.history.helpers import (
     cluster_nodes,
     expected_minutes,
+    prepared_generic_plans,
     refresh,
     rows,
     samples_put,
@@ -214,3 +216,25 @@ def test_it_answers_a_raw_step_history_in_two_queries(slow_run, django_assert_nu
     with django_assert_num_queries(2):
         history = run_step_history(run_id=run.id, start=end - 600, end=end)
     assert len(history.step_time) == 4 and len(history.step_time[0]) == 600
+
+
+def test_it_gives_the_same_answers_as_prepared_statements_with_generic_plans(slow_run):
+    """psycopg prepares a statement after prepare_threshold runs and Postgres may then plan
+    it generically: the SQL must bind server side and answer the same, run after run."""
+    run, end = slow_run
+    node = Node.objects.get()
+    samples_put(node, end - 2 * HOUR, 2 * HOUR, gpus=range(2))
+    refresh()
+    calls = [
+        lambda: metric_history(node_ids=[node.id], metric="gpu.util", gpu="all",
+                               start=end - 900, end=end),
+        lambda: metric_history(node_ids=[node.id], metric="gpu.util", gpu=1,
+                               start=end - 2 * HOUR, end=end, max_points=100),
+        lambda: run_step_history(run_id=run.id, start=end - 600, end=end),
+        lambda: run_step_history(run_id=run.id, start=end - 2 * HOUR, end=end, max_points=60),
+    ]  # fmt: skip
+    expected = [call() for call in calls]
+    with prepared_generic_plans():
+        for _ in range(10):
+            assert [call() for call in calls] == expected
+        assert rows("SELECT count(*) FROM pg_prepared_statements")[0][0] >= len(calls)
