@@ -1,13 +1,13 @@
 """Reads of history: a metric's series or a run's step timings over any range, at a
 resolution that keeps each series near `max_points`, from raw data or the rollups.
 
-A selector costs a constant number of queries (one, plus one for the rollup watermark when
-a rollup serves the range), never one per node or rank. The rollup serves buckets up to the
-last rollup pass (less a margin) and raw data the newer part, so charts are current to the
-last ingested batch. Django's cursor binds parameters on the client, so each execution is
-planned with its own values; the SQL is written so that a generic plan (a prepared
-statement, should `prepare_threshold` ever be set) stays on the indexes too: tables are
-reached per series through OFFSET 0 lateral index scans or bounded by constant ranges.
+A selector costs two queries (the rollup watermark and the series or rank count, then the
+data), never one per node or rank. The rollup serves buckets up to the last rollup pass
+(less a margin) and raw data the newer part, so charts are current to the last ingested
+batch. Django's cursor binds parameters on the client, so each execution is planned with its
+own values; the SQL is written so that a generic plan (a prepared statement, should
+`prepare_threshold` ever be set) stays on the indexes too: tables are reached per series
+through OFFSET 0 lateral index scans or bounded by constant ranges (docs/history.md).
 """
 
 from apps.history.selectors.metrics import History, SeriesHistory, metric_history
