@@ -66,9 +66,9 @@ def detect_run(
         if len(rows) < 2 or (len(rows) < len(members[shard]) and step >= settled):
             continue
         verdicts = (
-            ("grad_checksum", _minority_exact({r: x.grad_checksum for r, x in rows.items()})),
-            ("param_checksum", _minority_exact({r: x.param_checksum for r, x in rows.items()})),
-            ("canary", _minority_canary(rows, config.sdc_canary_rtol)),
+            ("grad_checksum", minority_exact({r: x.grad_checksum for r, x in rows.items()})),
+            ("param_checksum", minority_exact({r: x.param_checksum for r, x in rows.items()})),
+            ("canary", minority_canary(rows, config.sdc_canary_rtol)),
         )
         for name, (odd, ambiguous) in verdicts:
             for rank in odd:
@@ -89,7 +89,7 @@ def detect_run(
     return [_finding(run.run, r, nodes.get(r), suspects[r], config) for r in sorted(suspects)]
 
 
-def _minority_exact(values: Mapping[int, str | None]) -> tuple[list[int], bool]:
+def minority_exact(values: Mapping[int, str | None]) -> tuple[list[int], bool]:
     """(ranks outside the agreeing group, False), or every rank and True when no group
     stands out (a split 1–1 or 2–2 cannot say which side is wrong). The agreeing group is
     the largest set of equal values, if it has two or more and no other is as large: two
@@ -106,8 +106,8 @@ def _minority_exact(values: Mapping[int, str | None]) -> tuple[list[int], bool]:
     return list(present), True
 
 
-def _minority_canary(rows: Mapping[int, StepRow], rtol: float) -> tuple[list[int], bool]:
-    """Like `_minority_exact` for canaries: a rank agrees when its norm and projections are
+def minority_canary(rows: Mapping[int, StepRow], rtol: float) -> tuple[list[int], bool]:
+    """Like `minority_exact` for canaries: a rank agrees when its norm and projections are
     within `rtol` of the group's component-wise median (the majority's value)."""
     prints = {
         rank: (row.canary_norm, *(row.canary_proj or ()))
@@ -134,7 +134,7 @@ def _minority_canary(rows: Mapping[int, StepRow], rtol: float) -> tuple[list[int
     if len(prints) > PAIRWISE_MAX:
         return list(prints), True
     # Otherwise the agreeing group is the ranks within tolerance of the rank most others
-    # agree with; as in _minority_exact it must have two or more and stand out.
+    # agree with; as in minority_exact it must have two or more and stand out.
     agreeing = {
         rank: {other for other, q in prints.items() if _agree(p, q, rtol)}
         for rank, p in prints.items()

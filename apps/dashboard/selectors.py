@@ -23,7 +23,7 @@ from apps.history.selectors import resolution_choose
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent, StepReport
 from detectors.config import DEFAULT_CONFIG
-from detectors.sdc import _minority_canary, _minority_exact
+from detectors.sdc import minority_canary, minority_exact
 from detectors.types import StepRow
 
 # The range picker: key → seconds back from the end; "all" is the whole run (or, for a
@@ -247,9 +247,9 @@ def _step_agreement(step: int, ts: float, shards: dict[str | None, dict[int, Ste
     }
     for rows in shards.values():
         out["ranks"] += len(rows)
-        out["grad"] += _minority_exact({r: row.grad_checksum for r, row in rows.items()})[0]
-        out["param"] += _minority_exact({r: row.param_checksum for r, row in rows.items()})[0]
-        out["canary"] += _minority_canary(rows, rtol)[0]
+        out["grad"] += minority_exact({r: row.grad_checksum for r, row in rows.items()})[0]
+        out["param"] += minority_exact({r: row.param_checksum for r, row in rows.items()})[0]
+        out["canary"] += minority_canary(rows, rtol)[0]
     out["shards"] = sorted(s or "" for s in shards)
     for check in ("grad", "param", "canary"):
         out[check] = sorted(out[check])
