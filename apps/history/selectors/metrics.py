@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import orjson
-from django.db import connection
+from django.db import connection, transaction
 
 from apps.history.selectors.resolution import (
     Resolution,
@@ -149,15 +149,17 @@ def metric_history(
     ~max_points points each. Two queries, whatever the node count."""
     if gpu == "all":
         count_sql = "SELECT count(*) FROM telemetry_nodehealth WHERE node_id = ANY(%s) AND gpu >= 0"
-        rolled_up_at, series = history_meta(count_sql=count_sql, params=[list(node_ids)])
+        count_params: list = [list(node_ids)]
     else:
-        rolled_up_at, series = history_meta(count_sql="SELECT %s", params=[len(node_ids)])
-    res = resolution_choose(
-        start=start, end=end, max_points=max_points, now=time.time(), series=series
-    )
-    split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
-    query = SeriesQuery(node_ids=node_ids, metric=metric, gpu=gpu, start=start, end=end)
-    return _history(query=query, res=res, split=split, max_points=max_points)
+        count_sql, count_params = "SELECT %s", [len(node_ids)]
+    with transaction.atomic(savepoint=False):
+        rolled_up_at, series = history_meta(count_sql=count_sql, params=count_params)
+        res = resolution_choose(
+            start=start, end=end, max_points=max_points, now=time.time(), series=series
+        )
+        split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+        query = SeriesQuery(node_ids=node_ids, metric=metric, gpu=gpu, start=start, end=end)
+        return _history(query=query, res=res, split=split, max_points=max_points)
 
 
 def metric_history_at(
@@ -171,10 +173,11 @@ def metric_history_at(
     max_points: int = 1000,
 ) -> History:
     """metric_history at a given resolution and source (the benchmark compares sources)."""
-    rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
-    split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
-    query = SeriesQuery(node_ids=node_ids, metric=metric, gpu=gpu, start=start, end=end)
-    return _history(query=query, res=res, split=split, max_points=max_points)
+    with transaction.atomic(savepoint=False):
+        rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
+        split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+        query = SeriesQuery(node_ids=node_ids, metric=metric, gpu=gpu, start=start, end=end)
+        return _history(query=query, res=res, split=split, max_points=max_points)
 
 
 @dataclass(frozen=True)

@@ -90,14 +90,24 @@ def range_split(*, start: float, end: float, res: Resolution, rolled_up_at: floa
     )
 
 
+# Set by the meta query for the selector's transaction only (set_config(…, true)), so that
+# they apply to its data query: JIT compiled the bigger reads for up to a second, longer than
+# they then ran, and the default 4 MB work_mem spilled their aggregation and sorts to disk.
+READ_SETTINGS = {"jit": "off", "work_mem": "32MB"}
+_SET_READ_SETTINGS = ", ".join(f"set_config('{k}', '{v}', true)" for k, v in READ_SETTINGS.items())
+
+
 def history_meta(*, count_sql: str, params: list) -> tuple[float | None, int]:
     """One query: when the last rollup pass that drained every dirty range started (epoch
-    seconds, None before the first), and the count `count_sql` gives (series or ranks)."""
+    seconds, None before the first), and the count `count_sql` gives (series or ranks).
+    Also applies READ_SETTINGS to the rest of the transaction: call it in the selector's
+    `transaction.atomic()`, before the data query."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT (SELECT extract(epoch FROM rolled_up_at)::float8 FROM history_watermark"
+            f"SELECT {_SET_READ_SETTINGS},"
+            " (SELECT extract(epoch FROM rolled_up_at)::float8 FROM history_watermark"
             f" WHERE id = 1), ({count_sql})",
             params,
         )
-        rolled_up_at, count = cursor.fetchone()
+        *_, rolled_up_at, count = cursor.fetchone()
     return rolled_up_at, int(count or 0)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import orjson
-from django.db import connection
+from django.db import connection, transaction
 
 from apps.history.selectors.resolution import (
     Resolution,
@@ -53,10 +53,8 @@ _ROLLED_SUMS = ", ".join(
 _STAGE_MEANS = ", ".join(f"sum({stage}_sum) / nullif(sum({stage}_n), 0)" for stage in STAGES)
 
 # Both parts are bounded by constants (the raw one lies after the last rollup pass), so the
-# raw scan stays on the BRIN index of ts and the rollup one on the primary key. The rank ×
-# bucket cells leave as per-rank arrays of (bucket, count, step-time sum) — raw reports one
-# by one — and are summed in Python: aggregating 256 ranks × 900 s of reports by cell in
-# Postgres spilled to disk and cost more than the scan.
+# raw scan stays on the (run_id, ts) index and the rollup one on the primary key. The rank ×
+# bucket means leave as one ordered array per rank (dense ones need no filling in Python).
 _STEPS_SQL = f"""
 WITH raw AS MATERIALIZED (
     SELECT rank, (floor(extract(epoch FROM ts)::float8 / %(step)s) - %(k0)s)::int AS i,
@@ -72,12 +70,17 @@ WITH raw AS MATERIALIZED (
     WHERE run_id = %(run)s AND bucket >= to_timestamp(%(roll_lo)s)
       AND bucket < to_timestamp(%(roll_hi)s) AND %(roll_lo)s < %(roll_hi)s
 ), cells AS (
-    SELECT rank, i, 1 AS n, step_time AS st_sum FROM raw
-    UNION ALL
-    SELECT rank, i, n, step_time_sum FROM rolled
+    SELECT rank, i, sum(n) AS n, sum(st_sum) AS st_sum
+    FROM (SELECT rank, i, 1 AS n, step_time AS st_sum FROM raw
+          UNION ALL SELECT rank, i, n, step_time_sum FROM rolled) c
+    GROUP BY rank, i
 ), per_rank AS (
-    SELECT rank, json_build_array(rank, array_agg(i), array_agg(n), array_agg(st_sum)) AS cells
+    SELECT rank, json_build_array(rank, array_agg(i ORDER BY i),
+                                  array_agg(st_sum / n ORDER BY i)) AS cells
     FROM cells GROUP BY rank
+), rates AS (
+    -- reports per rank per second of the bucket
+    SELECT i, sum(n)::float8 / count(*) / %(step)s AS steps_per_s FROM cells GROUP BY i
 ), buckets AS (
     SELECT i, {_SUMS}, sum(tokens)::float8 AS tokens, sum(loss) AS loss_sum,
            count(loss) AS loss_n
@@ -86,9 +89,9 @@ WITH raw AS MATERIALIZED (
     SELECT i, {_ROLLED_SUMS}, sum(tokens_sum)::float8, sum(loss_sum), sum(loss_n)
     FROM rolled GROUP BY i
 ), per_bucket AS (
-    SELECT json_build_array(i, {_STAGE_MEANS}, sum(tokens) / %(step)s,
-                            sum(loss_sum) / nullif(sum(loss_n), 0)) AS cells
-    FROM buckets GROUP BY i
+    SELECT json_build_array(b.i, {_STAGE_MEANS}, sum(tokens) / %(step)s,
+                            sum(loss_sum) / nullif(sum(loss_n), 0), min(r.steps_per_s)) AS cells
+    FROM buckets b LEFT JOIN rates r USING (i) GROUP BY b.i
 )
 SELECT json_build_array(
     (SELECT coalesce(json_agg(cells ORDER BY rank), '[]') FROM per_rank),
@@ -104,22 +107,24 @@ def run_step_history(
 ) -> StepHistory:
     """A run's step timings per rank and bucket over [start, end), at most ~max_points
     buckets. Two queries, whatever the rank count."""
-    rolled_up_at, ranks = history_meta(
-        count_sql="SELECT world_size FROM runs_run WHERE id = %s", params=[run_id]
-    )
-    res = resolution_choose(
-        start=start, end=end, max_points=max_points, now=time.time(), raw_points=False,
-        series=ranks,
-    )  # fmt: skip
-    split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
-    return _step_history(run_id=run_id, start=start, end=end, res=res, split=split)
+    with transaction.atomic(savepoint=False):
+        rolled_up_at, ranks = history_meta(
+            count_sql="SELECT world_size FROM runs_run WHERE id = %s", params=[run_id]
+        )
+        res = resolution_choose(
+            start=start, end=end, max_points=max_points, now=time.time(), raw_points=False,
+            series=ranks,
+        )  # fmt: skip
+        split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+        return _step_history(run_id=run_id, start=start, end=end, res=res, split=split)
 
 
 def run_step_history_at(*, run_id: int, start: float, end: float, res: Resolution) -> StepHistory:
     """run_step_history at a given resolution and source (the benchmark compares sources)."""
-    rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
-    split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
-    return _step_history(run_id=run_id, start=start, end=end, res=res, split=split)
+    with transaction.atomic(savepoint=False):
+        rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
+        split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+        return _step_history(run_id=run_id, start=start, end=end, res=res, split=split)
 
 
 def _step_history(
@@ -140,43 +145,32 @@ def _step_history(
     with connection.cursor() as cursor:
         cursor.execute(_STEPS_SQL.format(table=ROLLUP_TABLES[res.source]), params)
         per_rank, per_bucket = orjson.loads(cursor.fetchone()[0])
-    # stages' means, tokens/s and loss per bucket; steps/s from the cells below
-    columns: list[list[float | None]] = [[None] * buckets for _ in range(6)]
+    # per bucket: the stages' means, tokens/s, loss, steps/s
+    columns: list[list[float | None]] = [[None] * buckets for _ in range(7)]
     for i, *values in per_bucket:
         if 0 <= i < buckets:
             for column, value in zip(columns, values, strict=True):
                 column[i] = value
-    reports, ranks_seen = [0] * buckets, [0] * buckets
-    step_time = []
-    for _, indexes, counts, sums in per_rank:
-        means = _cell_means(indexes, counts, sums, buckets)
-        for i, (count, _) in enumerate(means):
-            reports[i] += count
-            ranks_seen[i] += count > 0
-        step_time.append([total / count if count else None for count, total in means])
     return StepHistory(
         resolution_s=step,
         start=start,
         end=end,
         ts=[(first + i) * step for i in range(buckets)],
-        ranks=[rank for rank, *_ in per_rank],
-        step_time=step_time,
+        ranks=[rank for rank, _, _ in per_rank],
+        step_time=[_dense(indexes, means, buckets) for _, indexes, means in per_rank],
         stages=dict(zip(STAGES, columns[:4], strict=True)),
-        steps_per_s=[
-            reports[i] / ranks_seen[i] / step if ranks_seen[i] else None for i in range(buckets)
-        ],
+        steps_per_s=columns[6],
         tokens_per_s=columns[4],
         loss=columns[5],
     )
 
 
-def _cell_means(
-    indexes: list[int], counts: list[int], sums: list[float], buckets: int
-) -> list[tuple[int, float]]:
-    """(report count, step-time sum) per bucket of one rank."""
-    count, total = [0] * buckets, [0.0] * buckets
-    for i, n, value in zip(indexes, counts, sums, strict=True):
+def _dense(indexes: list[int], means: list[float], buckets: int) -> list[float | None]:
+    """One rank's means over every bucket (indexes ascend), None where it reported nothing."""
+    if indexes == list(range(buckets)):
+        return means
+    row: list[float | None] = [None] * buckets
+    for i, mean in zip(indexes, means, strict=True):
         if 0 <= i < buckets:
-            count[i] += n
-            total[i] += value
-    return list(zip(count, total, strict=True))
+            row[i] = mean
+    return row
