@@ -19,6 +19,7 @@ built by the real code path (`rollups_rebuild`: dirty ranges → `rollups_refres
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -51,28 +52,57 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=72.0, help="history to seed (72)")
     parser.add_argument("--reps", type=int, default=7, help="repetitions per timing (7)")
     parser.add_argument("--page-reps", type=int, default=3, help="repetitions per URL (3)")
+    parser.add_argument(
+        "--reuse", action="store_true", help="time the database the last run seeded again"
+    )
+    parser.add_argument("--skip", default="", help="sections to skip: raw,generic,pages")
     args = parser.parse_args()
 
-    env, conninfo = prepare_database()
-    os.environ.update(env)
+    if args.reuse:
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(os.environ["DATABASE_URL"])
+        os.environ["DATABASE_URL"] = urlunsplit(parts._replace(path=f"/{common.BENCH_DB}"))
+        os.environ.setdefault("DEBUG", "true")
+    else:
+        env, conninfo = prepare_database()
+        os.environ.update(env)
     os.environ["ALLOWED_HOSTS"] = "127.0.0.1,localhost,testserver"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsboard.settings")
     import django
 
     django.setup()
 
-    end = time.time() // WINDOW * WINDOW
-    start = end - round(args.hours * 3600 / WINDOW) * WINDOW
-    ids = seed(conninfo=conninfo, start=start, end=end)
-    rollups_build(conninfo=conninfo, start=start, end=end)
-    print(f"seeded {args.hours:g} h ending {time.strftime('%H:%M', time.gmtime(end))} UTC")
+    if args.reuse:
+        ids, start, end = seeded()
+        args.hours = (end - start) / 3600
+    else:
+        end = time.time() // WINDOW * WINDOW
+        start = end - round(args.hours * 3600 / WINDOW) * WINDOW
+        ids = seed(conninfo=conninfo, start=start, end=end)
+        rollups_build(conninfo=conninfo, start=start, end=end)
+    print(f"{args.hours:g} h of history ending {time.strftime('%H:%M', time.gmtime(end))} UTC")
 
     table = Table()
     selector_timings(table, ids=ids, end=end, hours=args.hours, reps=args.reps)
-    raw_vs_rollup(table, ids=ids, end=end, hours=args.hours, reps=max(2, args.reps // 2))
-    generic_plans(table, ids=ids, end=end)
-    page_timings(table, reps=args.page_reps)
+    if "raw" not in args.skip:
+        raw_vs_rollup(table, ids=ids, end=end, hours=args.hours, reps=max(2, args.reps // 2))
+    if "generic" not in args.skip:
+        generic_plans(table, ids=ids, end=end)
+    if "pages" not in args.skip:
+        page_timings(table, reps=args.page_reps)
     table.print()
+
+
+def seeded() -> tuple[dict[str, Any], float, float]:
+    """Ids and time span of what an earlier run seeded (for --reuse)."""
+    from apps.clusters.models import Node
+    from apps.runs.models import Run
+
+    run = Run.objects.get(cluster__name=CLUSTER, name=RUN)
+    nodes = list(Node.objects.filter(cluster=run.cluster).order_by("name"))
+    ids = {"nodes": [node.id for node in nodes], "run": run.id}
+    return ids, run.created_at.timestamp(), run.last_step_at.timestamp() + 1
 
 
 class Table:
@@ -189,8 +219,19 @@ def generic_plans(table: Table, *, ids: dict, end: float) -> None:
             table.add(f"{name} {key} custom plans", _res_text(expected), custom)
             with prepared_generic_plans():
                 generic, result = timed(lambda c=call, s=start: c(s, end), 10)
-            same = "same result" if result == expected else "RESULT DIFFERS"
+            same = "same result" if _same(result.to_dict(), expected.to_dict()) else "DIFFERS"
             table.add(f"{name} {key} generic plans ({same})", _res_text(result), generic)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, floats to 1e-9 relative (a plan may sum the same values in another order)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
 
 
 def page_urls() -> list[str]:
