@@ -48,7 +48,7 @@ class History:
 # The series asked for (each node's host series, one GPU, or every GPU it has reported) and
 # their raw chunks. OFFSET 0 keeps each lateral subquery a per-series index scan: without it
 # the planner may flatten it and, with a generic plan's guesses, hash-join a whole table.
-_SERIES = """
+_SERIES_ONLY = """
 m AS (SELECT id FROM telemetry_metric WHERE name = %(metric)s),
 s AS (
     SELECT n.id AS node_id, n.name, g.gpu
@@ -59,7 +59,10 @@ s AS (
         WHERE %(all_gpus)s AND h.node_id = n.id AND h.gpu >= 0
     ) g
     WHERE n.id = ANY(%(nodes)s)
-),
+)"""
+_SERIES = (
+    _SERIES_ONLY
+    + """,
 raw AS (
     SELECT s.node_id, s.gpu, c.*
     FROM s CROSS JOIN m CROSS JOIN LATERAL (
@@ -74,10 +77,7 @@ raw AS (
     ) c
     WHERE %(raw_lo)s < %(end)s
 )"""
-
-_UNPACK = """CROSS JOIN LATERAL (
-        SELECT raw.e0 + o / 1000::float8 AS ts, v FROM unnest(raw.offsets_ms, raw.vals) AS x(o, v)
-    ) u"""
+)
 
 # Raw points leave as their chunks' arrays, ordered per series; Python filters and offsets
 # them (cheaper than unnesting, sorting and re-aggregating a point per row in SQL).
@@ -93,41 +93,50 @@ ORDER BY s.name, s.gpu
 """
 
 # Chunks lying inside one bucket contribute their stored n/sum/min/max without unpacking.
-_WHOLE = (
-    "floor(raw.e0 / %(step)s) = floor(raw.e1 / %(step)s)"
-    " AND raw.e0 >= %(raw_lo)s AND raw.e1 < %(end)s"
-)
+_WHOLE = "floor(c.e0 / %(step)s) = floor(c.e1 / %(step)s) AND c.e0 >= %(raw_lo)s AND c.e1 < %(end)s"
 
+# Bucketed per series, inside a lateral subquery: each series' few hundred buckets are
+# grouped and ordered on their own, instead of every series' rows in one big hash and sort.
 _BUCKETS_SQL = f"""
-WITH {_SERIES},
-parts AS (
-    SELECT raw.node_id, raw.gpu, floor(raw.e0 / %(step)s) AS k, raw.n, raw.vsum, raw.vmin,
-           raw.vmax
-    FROM raw WHERE {_WHOLE}
-    UNION ALL
-    SELECT raw.node_id, raw.gpu, floor(u.ts / %(step)s), 1, u.v, u.v, u.v FROM raw {_UNPACK}
-    WHERE NOT ({_WHOLE}) AND u.ts >= %(raw_lo)s AND u.ts < %(end)s
-    UNION ALL
-    SELECT s.node_id, s.gpu, floor(extract(epoch FROM h.bucket)::float8 / %(step)s), h.n, h.vsum,
-           h.vmin, h.vmax
-    FROM s CROSS JOIN m CROSS JOIN LATERAL (
-        SELECT bucket, n, vsum, vmin, vmax FROM {{table}} h
-        WHERE h.node_id = s.node_id AND h.metric_id = m.id AND h.gpu = s.gpu
-          AND h.bucket >= to_timestamp(%(roll_lo)s) AND h.bucket < to_timestamp(%(roll_hi)s)
-        OFFSET 0
-    ) h
-    WHERE %(roll_lo)s < %(roll_hi)s
-), agg AS (
-    SELECT node_id, gpu, k * %(step)s AS b, sum(vsum) / sum(n) AS avg, min(vmin) AS mn,
-           max(vmax) AS mx
-    FROM parts GROUP BY node_id, gpu, k
-), per AS (
-    SELECT node_id, gpu, json_build_array(json_agg(b ORDER BY b), json_agg(avg ORDER BY b),
-                                          json_agg(mn ORDER BY b), json_agg(mx ORDER BY b)) AS j
-    FROM agg GROUP BY node_id, gpu
-)
-SELECT s.name, s.gpu, coalesce(per.j, '[[], [], [], []]')::text
-FROM s LEFT JOIN per USING (node_id, gpu)
+WITH {_SERIES_ONLY}
+SELECT s.name, s.gpu, per.j::text
+FROM s CROSS JOIN m CROSS JOIN LATERAL (
+    SELECT json_build_array(coalesce(json_agg(k * %(step)s ORDER BY k), '[]'),
+                            coalesce(json_agg(avg ORDER BY k), '[]'),
+                            coalesce(json_agg(mn ORDER BY k), '[]'),
+                            coalesce(json_agg(mx ORDER BY k), '[]')) AS j
+    FROM (
+        SELECT k, sum(vsum) / sum(n) AS avg, min(vmin) AS mn, max(vmax) AS mx
+        FROM (
+            SELECT p.* FROM (
+                SELECT extract(epoch FROM t0)::float8 AS e0,
+                       extract(epoch FROM t1)::float8 AS e1, n, vmin, vmax, vsum,
+                       offsets_ms, vals
+                FROM telemetry_chunk c
+                WHERE c.node_id = s.node_id AND c.metric_id = m.id AND c.gpu = s.gpu
+                  AND c.t0 < to_timestamp(%(end)s) AND c.t1 >= to_timestamp(%(raw_lo)s)
+                  AND c.t0 >= to_timestamp(%(raw_lo)s) - interval '1 day'
+                  AND %(raw_lo)s < %(end)s
+                OFFSET 0
+            ) c CROSS JOIN LATERAL (
+                SELECT floor(c.e0 / %(step)s) AS k, c.n, c.vsum, c.vmin, c.vmax WHERE {_WHOLE}
+                UNION ALL
+                SELECT floor(u.ts / %(step)s), 1, u.v, u.v, u.v
+                FROM (SELECT c.e0 + o / 1000::float8 AS ts, v
+                      FROM unnest(c.offsets_ms, c.vals) AS x(o, v)) u
+                WHERE NOT ({_WHOLE}) AND u.ts >= %(raw_lo)s AND u.ts < %(end)s
+            ) p
+            UNION ALL
+            SELECT floor(extract(epoch FROM h.bucket)::float8 / %(step)s), h.n, h.vsum, h.vmin,
+                   h.vmax
+            FROM {{table}} h
+            WHERE h.node_id = s.node_id AND h.metric_id = m.id AND h.gpu = s.gpu
+              AND h.bucket >= to_timestamp(%(roll_lo)s) AND h.bucket < to_timestamp(%(roll_hi)s)
+              AND %(roll_lo)s < %(roll_hi)s
+        ) parts
+        GROUP BY k
+    ) agg
+) per
 ORDER BY s.name, s.gpu
 """
 
