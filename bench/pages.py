@@ -55,7 +55,9 @@ def main() -> None:
     parser.add_argument(
         "--reuse", action="store_true", help="time the database the last run seeded again"
     )
-    parser.add_argument("--skip", default="", help="sections to skip: raw,generic,pages")
+    parser.add_argument(
+        "--skip", default="", help="skip sections (raw,generic,pages) and URLs containing a word"
+    )
     args = parser.parse_args()
 
     if args.reuse:
@@ -90,7 +92,8 @@ def main() -> None:
     if "generic" not in args.skip:
         generic_plans(table, ids=ids, end=end)
     if "pages" not in args.skip:
-        page_timings(table, reps=args.page_reps)
+        skip = [word for word in args.skip.split(",") if word]
+        page_timings(table, reps=args.page_reps, skip=skip)
     table.print()
 
 
@@ -251,11 +254,11 @@ def page_urls() -> list[str]:
     return pages
 
 
-def page_timings(table: Table, *, reps: int) -> None:
+def page_timings(table: Table, *, reps: int, skip: list[str]) -> None:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    urls = page_urls()
+    urls = [url for url in page_urls() if not any(word in url for word in skip)]
     if not urls:
         return
     table.section("dashboard pages and chart data (in-process test client)")
