@@ -64,8 +64,7 @@ class BenchStack:
     def __init__(
         self, env: dict[str, str], web_workers: int, concurrency: int, http: str = "gunicorn"
     ) -> None:
-        from opsboard.stack import server_commands
-        from tests.stackproc import free_port
+        from opsboard.stack import free_port, server_commands
 
         self.port, self.ws_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -114,13 +113,9 @@ class BenchStack:
         wait_until(lambda: http_ok(f"{self.url}/healthz"), 60, "the web server")
 
     def stop(self) -> None:
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        from opsboard.stack import children_stop
+
+        children_stop(self.processes, timeout=20)
 
     def manage(self, *args: str) -> str:
         return subprocess.run(

@@ -13,11 +13,12 @@ import argparse
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,6 +192,27 @@ def simulator_command(
     ]
 
 
+def free_port() -> int:
+    """A TCP port free on loopback now (for servers started beside another stack)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def children_stop(children: Iterable[subprocess.Popen], timeout: float = 15) -> None:
+    """SIGTERM every child still running, then wait for each; kill one that outstays
+    `timeout` seconds."""
+    children = list(children)
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    for child in children:
+        try:
+            child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
 def wait_for_http(url: str, give_up: Callable[[], bool], timeout: float = 90) -> bool:
     """True once `url` answers; False if `give_up()` turns true first (Ctrl-C)."""
     deadline = time.monotonic() + timeout
@@ -274,14 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 children[name] = subprocess.Popen(commands[name], cwd=ROOT, env=environment)
             time.sleep(0.3)
     finally:
-        for child in children.values():
-            if child.poll() is None:
-                child.terminate()
-        for child in children.values():
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        children_stop(children.values())
         if embedded:
             from opsboard.embedded import stop_all
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -14,14 +13,10 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
+from opsboard.stack import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = ROOT / "tests" / "artifacts" / "logs"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def database_url(settings_dict: dict) -> str:

@@ -76,6 +76,17 @@ def _range_key(request: HttpRequest, default: str) -> str:
     return request.GET.get("range", default)
 
 
+def _page_range(
+    request: HttpRequest, default: str, now: float, began: float | None = None
+) -> TimeRange:
+    """A page's initial range: ?range= if valid, else DEFAULT_RANGE (a page never 400s on a
+    stale link; the chart endpoints do name a bad range)."""
+    try:
+        return selectors.time_range(key=_range_key(request, default), now=now, began=began)
+    except RangeInvalid:
+        return selectors.time_range(key=DEFAULT_RANGE, now=now, began=began)
+
+
 def _chart_panels(names, figures: dict[str, dict], base_url: str, tr: TimeRange) -> list[dict]:
     return [
         {"name": name, "figure_id": f"figure-{name}", "figure": figures[name],
@@ -92,12 +103,9 @@ def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
     if run_found is None:
         raise Http404("no such run")
     now = time.time()
-    key = _range_key(request, DEFAULT_RANGE if run_found.state == "running" else "all")
     began = selectors.run_began(run_found)
-    try:
-        tr = selectors.time_range(key=key, now=now, began=began)
-    except RangeInvalid:
-        tr = selectors.time_range(key=DEFAULT_RANGE, now=now, began=began)
+    default = DEFAULT_RANGE if run_found.state == "running" else "all"
+    tr = _page_range(request, default, now, began)
     summary = run_summary(run=run_found, now=now)
     ctx = charts.RunContext(run=run_found, began=began, summary=summary)
     figures = {name: build(ctx, tr) for name, build in charts.RUN_CHARTS.items()}
@@ -126,10 +134,7 @@ def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
     if node_found is None:
         raise Http404("no such node")
     now = time.time()
-    try:
-        tr = selectors.time_range(key=_range_key(request, DEFAULT_RANGE), now=now)
-    except RangeInvalid:
-        tr = selectors.time_range(key=DEFAULT_RANGE, now=now)
+    tr = _page_range(request, DEFAULT_RANGE, now)
     figures = {name: charts.node_metric_figure(node_found, name, tr) for name in charts.NODE_CHARTS}
     alerts = selectors.alerts_filtered(
         cluster=found, node=node_found.name, limit=selectors.PAGE_ALERTS

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +32,15 @@ from apps.clusters.services import token_issue
 from apps.ingest.models import InboxBatch
 from apps.runs.models import StepReport
 from detectors.evaluation import AlertRecord, ScenarioScore, score_scenario
+from opsboard.stack import (
+    ROOT,
+    children_stop,
+    free_port,
+    server_commands,
+    service_env,
+    wait_for_http,
+)
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 NODES, GPUS = 2, 8  # one run of 16 ranks
 SIM_TIMEOUT_S = 900
 DRAIN_TIMEOUT_S = 300
@@ -276,27 +282,36 @@ def _simulate(
 ) -> None:
     """Run the simulators, `parallel` at a time; every one must deliver everything."""
     waiting = list(specs)
-    running: dict[str, subprocess.Popen] = {}
-    while waiting or running:
-        while waiting and len(running) < parallel:
-            spec = waiting.pop(0)
-            token_file = workdir / f"{spec.name}.token"
-            token_file.write_text(clusters[spec.name][1])
-            token_file.chmod(0o600)
-            command = _sim_command(spec, url, token_file, workdir / f"{spec.name}.json")
-            with open(workdir / f"{spec.name}.log", "wb") as output:
-                running[spec.name] = subprocess.Popen(
-                    command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT
-                )
-        for name, process in list(running.items()):
-            try:
-                code = process.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                continue
-            del running[name]
-            if code != 0:
-                raise RuntimeError(f"simulator {name} exited {code}: see {workdir}/{name}.log")
-            log(f"simulated {name}")
+    running: dict[str, tuple[subprocess.Popen, float]] = {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                spec = waiting.pop(0)
+                running[spec.name] = (_sim_start(spec, clusters, url, workdir), time.monotonic())
+            for name, (process, started) in list(running.items()):
+                try:
+                    code = process.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() - started > SIM_TIMEOUT_S:
+                        raise RuntimeError(f"simulator {name} ran past {SIM_TIMEOUT_S} s") from None
+                    continue
+                del running[name]
+                if code != 0:
+                    raise RuntimeError(f"simulator {name} exited {code}: see {workdir}/{name}.log")
+                log(f"simulated {name}")
+    finally:
+        children_stop(process for process, _ in running.values())
+
+
+def _sim_start(
+    spec: ScenarioSpec, clusters: dict[str, tuple[Cluster, str]], url: str, workdir: Path
+) -> subprocess.Popen:
+    token_file = workdir / f"{spec.name}.token"
+    token_file.write_text(clusters[spec.name][1])
+    token_file.chmod(0o600)
+    command = _sim_command(spec, url, token_file, workdir / f"{spec.name}.json")
+    with open(workdir / f"{spec.name}.log", "wb") as output:
+        return subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
 
 
 def _wait_for_drain(clusters: list[tuple[Cluster, str]]) -> None:
@@ -317,21 +332,17 @@ class EvaluationStack:
     loopback (no beat: the replay drives the alerts), as `opsboard.stack` starts them."""
 
     def __init__(self, log_dir: Path) -> None:
-        from opsboard.stack import service_env
-
         self.log_dir = log_dir
         self.env, _ = service_env()
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.processes: list[subprocess.Popen] = []
 
     def start(self) -> EvaluationStack:
-        from opsboard.stack import server_commands
-
         commands = server_commands(
             host="127.0.0.1",
             port=self.port,
-            ws_port=_free_port(),
+            ws_port=free_port(),
             web_workers=2,
             worker_concurrency=2,
             queue=settings.REDIS_PREFIX,
@@ -344,35 +355,12 @@ class EvaluationStack:
                         commands[name], cwd=ROOT, env=self.env, stdout=output, stderr=output
                     )
                 )
-        deadline = time.monotonic() + 60
-        while not _answers(f"{self.url}/healthz"):
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the evaluation stack's web server did not start")
-            time.sleep(0.2)
+        try:
+            wait_for_http(f"{self.url}/healthz", give_up=lambda: False, timeout=60)
+        except RuntimeError:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
+        children_stop(self.processes, timeout=20)

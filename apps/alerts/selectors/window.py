@@ -15,7 +15,12 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
-from apps.alerts.selectors.replay import replay_intervals, replay_last_seen, replay_runs
+from apps.alerts.selectors.replay import (
+    INTERVAL_LOOKBACK_S,
+    replay_intervals,
+    replay_last_seen,
+    replay_runs,
+)
 from apps.clusters.models import Cluster, Node
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
@@ -39,7 +44,6 @@ WINDOW_METRICS = (
 NODE_EVENT_KINDS = ("xid", "ecc", "oom", "error", "restart")
 # Batch intervals are measured on series every agent sends (one chunk per batch).
 INTERVAL_SERIES = (("gpu.util", 0), ("host.cpu_util", -1))
-INTERVAL_LOOKBACK_S = 300
 
 
 def ts(value: datetime | None) -> float | None:
