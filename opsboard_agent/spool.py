@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,9 +193,10 @@ class Spool:
     def _reconcile_journal(self) -> None:
         # A crash between a batch's rename and its journal line leaves a durable batch that
         # the journal does not name yet; it is still here (it cannot have been sent), so
-        # add it now.
-        known = set(self.journal_ids())
-        missing = [bid for bid in self.batch_ids() if bid not in known]
+        # add it now. Counted as a multiset: a batch_id may be spooled again (an agent that
+        # restarts and rebuilds a batch), and each durable copy needs its own line.
+        unjournaled = Counter(self.batch_ids()) - Counter(self.journal_ids())
+        missing = list(unjournaled.elements())
         if missing:
             self._append_journal(missing)
 

@@ -116,3 +116,15 @@ def test_kill_9_while_writing_never_leaves_a_partial_batch(tmp_path):
         seen = ids
         spool.close()
     assert len(seen) > 4
+
+
+def test_reopen_journals_a_repeated_batch_id_left_unjournaled_by_a_crash(tmp_path):
+    # A crash between a batch's rename and its journal line, for a batch_id the journal
+    # already names once (an earlier copy): reopening must add the second line.
+    spool = Spool(tmp_path, max_bytes=1 << 20, journal=True)
+    spool.put("again", json.dumps({"batch_id": "again"}).encode())
+    spool.close()
+    (tmp_path / "000000000002.batch").write_bytes(json.dumps({"batch_id": "again"}).encode())
+    reopened = Spool(tmp_path, max_bytes=1 << 20, journal=True)
+    assert reopened.batch_ids() == ["again", "again"]
+    assert reopened.journal_ids() == ["again", "again"]
