@@ -33,7 +33,7 @@ def prepare_database() -> tuple[dict[str, str], str]:
         env["REDIS_URL"] = env.get("REDIS_URL") or embedded.redis_url()
     parts = urlsplit(env["DATABASE_URL"])
     admin = urlunsplit(parts._replace(path="/postgres"))
-    with psycopg.connect(_conninfo(admin), autocommit=True) as conn:
+    with psycopg.connect(conninfo(admin), autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {BENCH_DB}")
     env["DATABASE_URL"] = urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
@@ -42,10 +42,10 @@ def prepare_database() -> tuple[dict[str, str], str]:
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
     )
-    return env, _conninfo(env["DATABASE_URL"])
+    return env, conninfo(env["DATABASE_URL"])
 
 
-def _conninfo(url: str) -> str:
+def conninfo(url: str) -> str:
     """dj-database-url style (socket dir as a %-encoded host) → a libpq URI psycopg takes."""
     from urllib.parse import unquote
 

@@ -3,11 +3,12 @@ went. A pure function for the run summary, not a finding."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 from detectors.common import by_step, median
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
-from detectors.types import RunWindow
+from detectors.types import EventRow, RunWindow
 
 BUCKETS = ("data", "checkpoint", "recovery", "wasted", "hang", "idle")
 
@@ -39,18 +40,27 @@ class Goodput:
 
 
 @dataclass(frozen=True)
-class _Instance:
-    """One completion of a step number (the run's median over its ranks)."""
+class Completion:
+    """One completion of a step number: the medians over the ranks that reported it (a
+    restart starts a new epoch, and the same step number in two epochs is two completions).
+    `wasted`: a later completion of the same number redid it."""
 
     step: int
     end: float
     step_time: float
-    data: float
+    data: float  # data loading plus host-to-device staging
     wasted: bool = False
 
 
-def _instances(run: RunWindow, restarts: list[float]) -> list[_Instance]:
-    # A restart starts a new epoch: the same step number in two epochs is two completions.
+def restarts_of(events: Iterable[EventRow]) -> list[float]:
+    return sorted(e.ts for e in events if e.kind == "restart")
+
+
+def completions(run: RunWindow) -> list[Completion]:
+    """The run's step completions from every rank's rows, as `completions_marked` orders
+    and marks them."""
+    restarts = restarts_of(run.events)
+
     def epoch(ts: float) -> int:
         return sum(1 for r in restarts if r <= ts)
 
@@ -58,24 +68,23 @@ def _instances(run: RunWindow, restarts: list[float]) -> list[_Instance]:
     for number, rows in by_step(run.steps).items():
         for row in rows:
             groups.setdefault((epoch(row.ts), number), []).append(row)
-    out = []
-    for (_, number), rows in groups.items():
-        data = [(r.data_time or 0.0) + (r.h2d_time or 0.0) for r in rows]
-        out.append(
-            _Instance(
-                number,
-                median([r.ts for r in rows]),
-                median([r.step_time for r in rows]),
-                median(data),
-            )
+    return completions_marked(
+        Completion(
+            number,
+            median([r.ts for r in rows]),
+            median([r.step_time for r in rows]),
+            median([(r.data_time or 0.0) + (r.h2d_time or 0.0) for r in rows]),
         )
-    out.sort(key=lambda i: i.end)
-    # Only the last completion of a step number made lasting progress.
-    last_of = {i.step: k for k, i in enumerate(out)}
-    return [
-        _Instance(i.step, i.end, i.step_time, i.data, wasted=last_of[i.step] != k)
-        for k, i in enumerate(out)
-    ]
+        for (_, number), rows in groups.items()
+    )
+
+
+def completions_marked(found: Iterable[Completion]) -> list[Completion]:
+    """Completions in the order they ended, each but the last of its step number wasted
+    (only that one made lasting progress)."""
+    out = sorted(found, key=lambda c: c.end)
+    last_of = {c.step: k for k, c in enumerate(out)}
+    return [replace(c, wasted=last_of[c.step] != k) for k, c in enumerate(out)]
 
 
 def goodput(
@@ -86,13 +95,29 @@ def goodput(
 ) -> Goodput:
     """Goodput of `run` over [since, now]; `since` defaults to the run's start (or its first
     step). The window must hold every step and event from `since` on."""
-    restarts = sorted(e.ts for e in run.events if e.kind == "restart")
-    instances = _instances(run, restarts)
-    start = since if since is not None else run.started_at
+    return goodput_of(
+        completions(run), run.events, now, since=since, started_at=run.started_at, config=config
+    )
+
+
+def goodput_of(
+    done: list[Completion],
+    events: Iterable[EventRow],
+    now: float,
+    *,
+    since: float | None = None,
+    started_at: float | None = None,
+    config: DetectorConfig = DEFAULT_CONFIG,
+) -> Goodput:
+    """Goodput over [since, now] from a run's completions (as `completions_marked` leaves
+    them) and its events; `since` defaults to `started_at`, else the first step's start."""
+    events = sorted(events, key=lambda e: e.ts)
+    restarts = restarts_of(events)
+    start = since if since is not None else started_at
     if start is None:
-        start = min((i.end - i.step_time for i in instances), default=now)
-    saves = _saves(run, now)
-    typical = median([i.step_time for i in instances[-20:]]) if instances else 0.0
+        start = min((c.end - c.step_time for c in done), default=now)
+    saves = _saves(events, now)
+    typical = median([c.step_time for c in done[-20:]]) if done else 0.0
     hang_limit = max(config.hang_factor * typical, config.hang_min_s)
     buckets = dict.fromkeys(BUCKETS, 0.0)
     productive = 0.0
@@ -113,19 +138,19 @@ def goodput(
         rest = (b - a) - saving
         buckets["hang" if rest > hang_limit else "idle"] += rest
 
-    for inst in instances:
-        if inst.end <= start:
+    for done_step in done:
+        if done_step.end <= start:
             continue
-        begin = max(inst.end - inst.step_time, cursor)
+        begin = max(done_step.end - done_step.step_time, cursor)
         gap(cursor, begin)
-        covered = max(0.0, min(inst.end, now) - begin)
-        share = covered / inst.step_time if inst.step_time > 0 else 0.0
-        if inst.wasted:
+        covered = max(0.0, min(done_step.end, now) - begin)
+        share = covered / done_step.step_time if done_step.step_time > 0 else 0.0
+        if done_step.wasted:
             buckets["wasted"] += covered
         else:
-            buckets["data"] += inst.data * share
-            productive += covered - inst.data * share
-        cursor = max(cursor, inst.end)
+            buckets["data"] += done_step.data * share
+            productive += covered - done_step.data * share
+        cursor = max(cursor, done_step.end)
     gap(cursor, now)
     wall = max(0.0, now - start)
     fractions = {k: (v / wall if wall > 0 else 0.0) for k, v in buckets.items()}
@@ -139,11 +164,12 @@ def goodput(
     )
 
 
-def _saves(run: RunWindow, now: float) -> list[tuple[float, float]]:
-    """(start, end) of local (blocking) checkpoint saves; an unfinished one runs to `now`."""
+def _saves(events: list[EventRow], now: float) -> list[tuple[float, float]]:
+    """(start, end) of local (blocking) checkpoint saves (`events` in time order); an
+    unfinished one runs to `now`."""
     started: dict[object, float] = {}
     out = []
-    for event in sorted(run.events, key=lambda e: e.ts):
+    for event in events:
         if event.kind != "checkpoint" or event.data.get("tier", "local") != "local":
             continue
         state = event.data.get("state")

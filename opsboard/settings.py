@@ -200,6 +200,7 @@ ALERT_WEBHOOK_TIMEOUT_S = envfloat("ALERT_WEBHOOK_TIMEOUT_S", 5.0)
 # reports; late data older than the raw retention never reaches the rollups (docs/history.md).
 HISTORY_RAW_RETENTION_DAYS = float(env("HISTORY_RAW_RETENTION_DAYS", "7") or 0)
 HISTORY_1M_RETENTION_DAYS = float(env("HISTORY_1M_RETENTION_DAYS", "90") or 0)
+HISTORY_10M_RETENTION_DAYS = float(env("HISTORY_10M_RETENTION_DAYS", "400") or 0)
 HISTORY_1H_RETENTION_DAYS = float(env("HISTORY_1H_RETENTION_DAYS", "0") or 0)
 # How often dirty buckets are rolled up: charts read raw data for the newest part of a range,
 # so this bounds how stale a replayed (late) bucket can look, not how current charts are.

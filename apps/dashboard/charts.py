@@ -77,6 +77,8 @@ class RunContext:
     summary: dict[str, Any] | None = None  # run_summary, for the goodput chart
     # the step history of a span, read once for the throughput, stages and loss charts
     step_histories: dict[tuple[float, float], dict[str, Any]] = field(default_factory=dict)
+    # checksum agreement per range, read once for the chart and the page's table
+    checks: dict[tuple[float, float], list[dict[str, Any]]] = field(default_factory=dict)
 
     def span(self, tr: TimeRange) -> tuple[float, float]:
         return selectors.run_span(run=self.run, tr=tr, began=self.began)
@@ -179,8 +181,15 @@ def loss_figure(ctx: RunContext, tr: TimeRange) -> dict:
     }
 
 
+def run_checks(ctx: RunContext, tr: TimeRange) -> list[dict[str, Any]]:
+    key = (tr.start, tr.end)
+    if key not in ctx.checks:
+        ctx.checks[key] = selectors.checksum_agreement(run=ctx.run, start=tr.start, end=tr.end)
+    return ctx.checks[key]
+
+
 def checksums_figure(ctx: RunContext, tr: TimeRange) -> dict:
-    checks = selectors.checksum_agreement(run=ctx.run, start=tr.start, end=tr.end)
+    checks = run_checks(ctx, tr)
     steps = [c["step"] for c in checks]
     disagree = {k: [len(c[k]) for c in checks] for k in ("grad", "param", "canary")}
     agreeing = [

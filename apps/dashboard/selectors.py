@@ -4,24 +4,21 @@ Every function here runs a fixed number of queries whatever the number of nodes 
 
 from __future__ import annotations
 
-import math
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Q
 
 from apps.alerts.choices import OPEN_STATES
 from apps.alerts.models import Alert
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
-from apps.history.selectors import resolution_choose
+from apps.history.selectors import run_rank_history
 from apps.runs.choices import RunState
-from apps.runs.models import Run, RunEvent, StepReport
+from apps.runs.models import CHECKED, Run, RunEvent, StepReport
 from detectors.config import DEFAULT_CONFIG
 from detectors.sdc import minority_canary, minority_exact
 from detectors.types import StepRow
@@ -206,11 +203,7 @@ def checksum_agreement(
             ts__gte=datetime.fromtimestamp(start, UTC),
             ts__lt=datetime.fromtimestamp(end, UTC),
         )
-        .filter(
-            Q(grad_checksum__isnull=False)
-            | Q(param_checksum__isnull=False)
-            | Q(canary_norm__isnull=False)
-        )
+        .filter(CHECKED)  # the partial index stepreport_run_checked
         .order_by("-step", "rank")
         .values_list(
             "step",
@@ -309,37 +302,15 @@ def rank_busy_history(
     """Per rank and time bucket: the mean step time less collective wait (the rank's own
     work). In synchronous training every rank's step_time is the same — the fast ranks wait
     in the all-reduce for the slow one — so it is this time, not step_time, in which a
-    straggler stands out. apps.history's StepHistory has per-rank step_time only, so this
-    reads the step reports (bucket widths chosen as apps.history chooses them); over a wide
-    range of a big run it reads every `stride`-th step, about BUSY_ROW_BUDGET reports at
-    most. One query: {"ts": bucket starts, "ranks": [...], "z": rank × bucket (None where a
-    rank reported nothing), "resolution_s", "stride"}."""
-    res = resolution_choose(
-        start=start, end=end, max_points=max_points, now=time.time(), raw_points=False
-    )
-    # rows ≈ ranks × steps, at one step per second at most (a conservative estimate)
-    stride = max(1, math.ceil(max(run.world_size, 1) * (end - start) / BUSY_ROW_BUDGET))
-    params = {"run": run.id, "step": res.step, "start": start, "end": end, "stride": stride}
-    with connection.cursor() as cursor:
-        cursor.execute(_BUSY_SQL, params)
-        rows = cursor.fetchall()
-    used = sorted({k for _, k, _ in rows})
-    column = {k: i for i, k in enumerate(used)}
-    ranks = sorted({rank for rank, _, _ in rows})
-    row_of = {rank: i for i, rank in enumerate(ranks)}
-    z: list[list[float | None]] = [[None] * len(used) for _ in ranks]
-    for rank, k, value in rows:
-        z[row_of[rank]][column[k]] = round(value, 6)
-    ts = [k * res.step for k in used]
-    return {"ts": ts, "ranks": ranks, "z": z, "resolution_s": res.step, "stride": stride}
-
-
-BUSY_ROW_BUDGET = 2_000_000
-_BUSY_SQL = """
-SELECT rank, floor(extract(epoch FROM ts)::float8 / %(step)s)::bigint AS k,
-       avg(step_time - coalesce(comm_wait, 0))
-FROM runs_stepreport
-WHERE run_id = %(run)s AND ts >= to_timestamp(%(start)s) AND ts < to_timestamp(%(end)s)
-  AND step %% %(stride)s = 0
-GROUP BY rank, k ORDER BY rank, k
-"""
+    straggler stands out. From apps.history (rollups, raw data after the last pass): {"ts":
+    bucket starts, "ranks": [...], "z": rank × bucket (None where a rank reported nothing),
+    "resolution_s"}, without the buckets where no rank reported."""
+    history = run_rank_history(run_id=run.id, start=start, end=end, max_points=max_points)
+    used = [i for i in range(len(history.ts)) if any(row[i] is not None for row in history.busy)]
+    z = [[None if row[i] is None else round(row[i], 6) for i in used] for row in history.busy]
+    return {
+        "ts": [history.ts[i] for i in used],
+        "ranks": history.ranks,
+        "z": z,
+        "resolution_s": history.resolution_s,
+    }

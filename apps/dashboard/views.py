@@ -118,7 +118,7 @@ def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
         "summary": summary,
         "panels": _chart_panels(charts.RUN_CHARTS, figures, request.path, tr),
         "alerts": alerts,
-        "checks": selectors.checksum_agreement(run=run_found, start=tr.start, end=tr.end),
+        "checks": charts.run_checks(ctx, tr),
         "ranges": RANGES,
         "live": _live_config([found.name]),
         "page_data": {"watch_nodes": summary["nodes"]},

@@ -9,6 +9,7 @@ from apps.alerts.selectors import run_goodput
 from apps.runs.models import Run, RunEvent
 
 THROUGHPUT_WINDOW_S = 60
+NODES_STEPS = 10
 
 
 def run_get(*, name: str, **cluster_filter: Any) -> Run | None:
@@ -70,12 +71,14 @@ def _tokens_per_s(run: Run) -> float | None:
 
 
 def _nodes(run: Run) -> list[str]:
-    if run.last_step_at is None:
+    """The nodes the run's ranks reported from over its last NODES_STEPS steps (where it runs
+    now; a (run_id, step) index range: 2.5 k reports at 256 ranks)."""
+    if run.last_step is None:
         return []
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT DISTINCT n.name FROM runs_stepreport s JOIN clusters_node n ON n.id = s.node_id"
-            " WHERE s.run_id = %s AND s.ts > %s - interval '10 minutes' ORDER BY n.name",
-            [run.id, run.last_step_at],
+            " WHERE s.run_id = %s AND s.step > %s ORDER BY n.name",
+            [run.id, run.last_step - NODES_STEPS],
         )
         return [row[0] for row in cursor.fetchall()]

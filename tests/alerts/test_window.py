@@ -152,3 +152,40 @@ def test_the_run_summary_carries_goodput(busy, now):
 def test_a_run_without_steps_has_no_goodput(now):
     run = Run.objects.create(cluster=Cluster.objects.create(name="quiet"), name="r")
     assert run_summary(run=run, now=now)["goodput"] is None
+
+
+def test_run_goodput_from_sql_medians_equals_the_pure_goodput_over_the_window(now):
+    """run_goodput lets Postgres take the per-step medians; detectors.goodput takes them over
+    the window's rows. Same answer, with a restart (steps redone: wasted), a blocking save,
+    a stall and ranks that disagree in time."""
+    from apps.alerts.selectors import run_window
+    from detectors.goodput import goodput
+
+    cluster = Cluster.objects.create(name="gp")
+    t0 = now - 100
+    steps = []
+    for number in range(30):  # first epoch, steps 0..29, one step every 1.5 s
+        for rank in range(3):
+            at = t0 + 1.5 * number + 0.01 * rank
+            steps.append(step(rank, number, at, step_time=1.0 + 0.1 * rank, h2d_time=0.02 * rank))
+    restart = t0 + 60
+    for number in range(20, 40):  # resumed from step 20 after a restart and a stall
+        for rank in range(3):
+            steps.append(step(rank, number, restart + 5 + 1.2 * (number - 20) + 0.02 * rank))
+    events = [
+        {"ts": t0 + 10, "kind": "checkpoint", "step": 6, "tier": "local", "state": "started"},
+        {"ts": t0 + 12, "kind": "checkpoint", "step": 6, "tier": "local", "state": "completed"},
+        {"ts": restart, "kind": "restart", "reason": "resumed"},
+    ]
+    body = {"batch_id": "gp", "node": "node-01", "run": "r", "steps": steps, "events": events}
+    store(cluster, body, now)
+    run = Run.objects.get(cluster=cluster, name="r")
+    run.state = "finished"  # ends at its last step: `now` does not move the answer
+    run.created_at = datetime.fromtimestamp(t0 - 2, UTC)
+    run.save()
+
+    got = run_goodput(run=run, now=now)
+    expected = goodput(run_window(run=run, now=now), run.last_step_at.timestamp()).to_dict()
+    assert got == expected
+    assert got["badput_s"]["wasted"] > 0 and got["badput_s"]["checkpoint"] > 0
+    assert got["badput_s"]["recovery"] > 0 and 0 < got["goodput"] < 1

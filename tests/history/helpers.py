@@ -53,7 +53,8 @@ def steps_put(
     ranks: int,
     slow_rank: int | None = None,
 ) -> None:
-    """One step per second per rank; `slow_rank` takes 3 s instead of 1 s a step."""
+    """One step per second per rank; `slow_rank` takes 3 s instead of 1 s a step and waits
+    for no one in the collective (busy 3 s), the others wait 0.25 s of their 1 s (busy 0.75)."""
     rows = []
     for t in range(seconds):
         for rank in range(ranks):
@@ -70,7 +71,7 @@ def steps_put(
                         "data_time": 0.1,
                         "h2d_time": 0.05,
                         "compute_time": 0.6,
-                        "comm_wait": step_time - 0.75,
+                        "comm_wait": 0.0 if rank == slow_rank else step_time - 0.75,
                         "tokens": 1000,
                         "loss": 2.0 + (t % 10) / 10,
                     },

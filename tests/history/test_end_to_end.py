@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 from apps.clusters.models import Node
-from apps.history.selectors import metric_history, run_step_history
+from apps.history.selectors import metric_history, run_rank_history, run_step_history
 from apps.ingest.models import InboxBatch
 from apps.runs.models import Run
 from tests.history.helpers import refresh, rows
@@ -107,7 +107,8 @@ def test_it_rolls_posted_batches_up_and_recomputes_a_replayed_minute(agent, agen
     ]
     run = Run.objects.get(cluster=agent_token[0].cluster, name="replayed")
     steps = run_step_history(run_id=run.id, start=minute, end=minute + 3600, max_points=60)
-    assert steps.ranks == [0, 1]
-    assert steps.step_time[0][:3] == [1.0, 1.0, None] and steps.step_time[1][:2] == [2.0, 2.0]
+    ranks = run_rank_history(run_id=run.id, start=minute, end=minute + 3600, max_points=60)
+    assert ranks.ranks == [0, 1]
+    assert ranks.step_time[0][:3] == [1.0, 1.0, None] and ranks.step_time[1][:2] == [2.0, 2.0]
     assert steps.steps_per_s[:2] == [1.0, 1.0]
     assert steps.tokens_per_s[:2] == pytest.approx([200.0, 200.0])  # 2 ranks × 100 a second

@@ -23,11 +23,19 @@ def rollup_rows_put(days_ago: list[float]) -> None:
             " FROM unnest(%s::float8[]) d RETURNING 1",
             [days_ago],
         )
-    for table in ("history_step_1m", "history_step_1h"):
+    for table in ("history_step_1m", "history_step_10m", "history_step_1h"):
         rows(
             f"INSERT INTO {table} (run_id, rank, bucket, n, max_step, step_time_sum,"
             " step_time_max, data_time_n, h2d_time_n, compute_time_n, comm_wait_n, loss_n)"
             " SELECT 1, 0, now() - make_interval(secs => d * 86400), 1, 1, 1, 1, 0, 0, 0, 0, 0"
+            " FROM unnest(%s::float8[]) d RETURNING 1",
+            [days_ago],
+        )
+    for table in ("history_runstep_1m", "history_runstep_1h"):
+        rows(
+            f"INSERT INTO {table} (run_id, bucket, ranks, n, max_step, step_time_sum,"
+            " step_time_max, data_time_n, h2d_time_n, compute_time_n, comm_wait_n, loss_n)"
+            " SELECT 1, now() - make_interval(secs => d * 86400), 1, 1, 1, 1, 1, 0, 0, 0, 0, 0"
             " FROM unnest(%s::float8[]) d RETURNING 1",
             [days_ago],
         )
@@ -45,6 +53,7 @@ def ages(table: str, column: str = "bucket") -> list[int]:
 
 def test_it_prunes_each_resolution_by_its_own_retention(settings):
     settings.HISTORY_1H_RETENTION_DAYS = 365
+    settings.HISTORY_10M_RETENTION_DAYS = 200
     node = cluster_nodes(1)[0]
     run = Run.objects.create(cluster=node.cluster, name="r")
     for days in (8, 6):
@@ -57,14 +66,20 @@ def test_it_prunes_each_resolution_by_its_own_retention(settings):
     assert ages("telemetry_chunk", "t1") == [5]  # stored 6 days ago less 30 s
     assert ages("runs_stepreport", "ts") == [5]
     assert ages("history_sample_1m") == ages("history_step_1m") == [6, 8, 89]
+    assert ages("history_runstep_1m") == [6, 8, 89]
+    assert ages("history_step_10m") == [6, 8, 89, 91]
     assert ages("history_sample_1h") == ages("history_step_1h") == [6, 8, 89, 91]
+    assert ages("history_runstep_1h") == [6, 8, 89, 91]
     assert deleted == {
         "telemetry_chunk": 6,  # 3 batches of 2 GPUs
         "runs_stepreport": 60,
         "history_sample_1m": 2,
         "history_step_1m": 2,
+        "history_runstep_1m": 2,
+        "history_step_10m": 1,
         "history_sample_1h": 1,
         "history_step_1h": 1,
+        "history_runstep_1h": 1,
     }
 
 

@@ -109,22 +109,42 @@ def test_it_rolls_step_reports_up_per_rank_and_bucket():
     refresh()
     minute = rows(
         "SELECT rank, n, max_step, step_time_sum, step_time_max, tokens_sum, loss_sum, loss_n,"
-        " comm_wait_sum, comm_wait_n FROM history_step_1m WHERE run_id = %s"
+        " comm_wait_sum, comm_wait_n, busy_sum FROM history_step_1m WHERE run_id = %s"
         " AND bucket = to_timestamp(%s) ORDER BY rank",
         [run.id, start - 10 + 60],
     )
     losses = sum(2.0 + (t % 10) / 10 for t in range(50, 110))
     assert minute == [
         (0, 60, 109, pytest.approx(60.0), 1.0, 60_000, pytest.approx(losses), 60,
-         pytest.approx(60 * 0.25), 60),
+         pytest.approx(60 * 0.25), 60, pytest.approx(60 * 0.75)),
         (1, 60, 109, pytest.approx(180.0), 3.0, 60_000, pytest.approx(losses), 60,
-         pytest.approx(60 * 2.25), 60),
+         0.0, 60, pytest.approx(180.0)),
         (2, 60, 109, pytest.approx(60.0), 1.0, 60_000, pytest.approx(losses), 60,
-         pytest.approx(60 * 0.25), 60),
+         pytest.approx(60 * 0.25), 60, pytest.approx(60 * 0.75)),
     ]  # fmt: skip
+    # the run as a whole: every rank's reports of the minute
+    assert rows(
+        "SELECT ranks, n, max_step, step_time_sum, tokens_sum, comm_wait_sum"
+        " FROM history_runstep_1m WHERE run_id = %s AND bucket = to_timestamp(%s)",
+        [run.id, start - 10 + 60],
+    ) == [(3, 180, 109, pytest.approx(300.0), 180_000, pytest.approx(30.0))]
     hour = rows(
         "SELECT rank, n, max_step, step_time_max FROM history_step_1h WHERE run_id = %s"
         " ORDER BY rank",
         [run.id],
     )
     assert hour == [(0, 120, 119, 1.0), (1, 120, 119, 3.0), (2, 120, 119, 1.0)]
+    tens = rows(
+        "SELECT extract(epoch FROM bucket)::int - %s, rank, n, busy_sum FROM history_step_10m"
+        " WHERE run_id = %s ORDER BY 1, 2",
+        [start - 10, run.id],
+    )
+    assert tens == [
+        (0, 0, 120, pytest.approx(90.0)),
+        (0, 1, 120, pytest.approx(360.0)),
+        (0, 2, 120, pytest.approx(90.0)),
+    ]
+    assert rows(
+        "SELECT ranks, n, max_step, step_time_max FROM history_runstep_1h WHERE run_id = %s",
+        [run.id],
+    ) == [(3, 360, 119, 3.0)]

@@ -9,9 +9,11 @@ from apps.history.selectors import (
     Resolution,
     metric_history,
     resolution_choose,
+    run_rank_history,
     run_step_history,
 )
 from apps.history.selectors.metrics import metric_history_at
+from apps.history.selectors.resolution import STEP_TIERS
 from apps.runs.models import Run
 from tests.history.helpers import (
     cluster_nodes,
@@ -60,6 +62,25 @@ def test_it_picks_the_finest_resolution_within_max_points(span, age, step, sourc
 )
 def test_it_keeps_wide_requests_within_the_raw_point_budget(series, span, step, source):
     res = resolution_choose(start=NOW - span, end=NOW, max_points=1000, now=NOW, series=series)
+    assert res == Resolution(step=step, source=source)
+
+
+@pytest.mark.parametrize(
+    ("span", "age", "step", "source"),
+    [
+        (24 * HOUR, 0, 1200, "10m"),  # a day in 120 columns: from the 10-minute tier
+        (72 * HOUR, 0, 3600, "1h"),
+        (6 * HOUR, 0, 300, "1m"),  # 5 minutes is no multiple of 10
+        (6 * HOUR, 91 * DAY, 600, "10m"),  # its minutes are gone: the next tier's width
+        (6 * HOUR, 500 * DAY, 3600, "1h"),  # and its 10 minutes (400 days)
+    ],
+)
+def test_step_reads_use_the_coarsest_tier_that_divides_the_bucket(span, age, step, source):
+    start = NOW - age - span
+    res = resolution_choose(
+        start=start, end=start + span, max_points=120, now=NOW, raw_points=False, series=256,
+        tiers=STEP_TIERS,
+    )  # fmt: skip
     assert res == Resolution(step=step, source=source)
 
 
@@ -188,34 +209,63 @@ def slow_run(node):
 def test_it_shows_a_slow_rank_in_the_step_matrix(slow_run, span, step):
     run, end = slow_run
     history = run_step_history(run_id=run.id, start=end - span, end=end)
+    ranks = run_rank_history(run_id=run.id, start=end - span, end=end)
     buckets = span // step
-    assert (history.resolution_s, len(history.ts), history.ranks) == (step, buckets, [0, 1, 2, 3])
-    assert history.step_time[2] == [3.0] * buckets
-    assert history.step_time[0] == history.step_time[1] == history.step_time[3] == [1.0] * buckets
-    assert history.stages["comm_wait"] == pytest.approx([(2.25 + 3 * 0.25) / 4] * buckets)
+    assert (ranks.resolution_s, len(ranks.ts), ranks.ranks) == (step, buckets, [0, 1, 2, 3])
+    assert (history.resolution_s, history.ts) == (step, ranks.ts)
+    assert ranks.step_time[2] == [3.0] * buckets
+    assert ranks.step_time[0] == ranks.step_time[1] == ranks.step_time[3] == [1.0] * buckets
+    # less collective wait: the slow rank works 3 s, the others 0.75 s and wait the rest
+    assert ranks.busy[2] == [3.0] * buckets and ranks.busy[0] == [0.75] * buckets
+    assert history.stages["comm_wait"] == pytest.approx([3 * 0.25 / 4] * buckets)
     assert history.stages["data_time"] == pytest.approx([0.1] * buckets)
     assert history.steps_per_s == pytest.approx([1.0] * buckets)
     assert history.tokens_per_s == pytest.approx([4000.0] * buckets)
-    assert history.to_dict()["ranks"] == [0, 1, 2, 3]
+    assert ranks.to_dict()["ranks"] == [0, 1, 2, 3]
 
 
 def test_it_builds_the_step_matrix_from_the_rollup(slow_run, django_assert_num_queries):
     run, end = slow_run
     with django_assert_num_queries(2):
+        ranks = run_rank_history(run_id=run.id, start=end - 2 * HOUR, end=end, max_points=60)
+    assert (ranks.resolution_s, len(ranks.ts)) == (120, 60)
+    assert ranks.step_time[2] == [3.0] * 60 and ranks.busy[1] == [0.75] * 60
+    rows("UPDATE history_step_1m SET step_time_sum = 0 WHERE run_id = %s", [run.id])
+    spoiled = run_rank_history(run_id=run.id, start=end - 2 * HOUR, end=end, max_points=60)
+    assert spoiled.step_time[2] == [0.0] * 60  # it was the rollup that answered
+
+
+def test_it_builds_the_run_history_from_the_run_level_rollup(slow_run, django_assert_num_queries):
+    run, end = slow_run
+    with django_assert_num_queries(2):
         history = run_step_history(run_id=run.id, start=end - 2 * HOUR, end=end, max_points=60)
     assert (history.resolution_s, len(history.ts)) == (120, 60)
-    assert history.step_time[2] == [3.0] * 60
     assert history.loss == pytest.approx([2.45] * 60)  # 2.0 + mean of 0.0 … 0.9
-    rows("UPDATE history_step_1m SET step_time_sum = 0 WHERE run_id = %s", [run.id])
+    assert history.steps_per_s == pytest.approx([1.0] * 60)
+    assert history.tokens_per_s == pytest.approx([4000.0] * 60)
+    rows("UPDATE history_runstep_1m SET tokens_sum = 0 WHERE run_id = %s", [run.id])
     spoiled = run_step_history(run_id=run.id, start=end - 2 * HOUR, end=end, max_points=60)
-    assert spoiled.step_time[2] == [0.0] * 60  # it was the rollup that answered
+    assert spoiled.tokens_per_s == [0.0] * 60  # it was the run-level rollup that answered
+
+
+def test_it_reads_a_day_of_ranks_from_the_ten_minute_tier(slow_run):
+    run, end = slow_run
+    ranks = run_rank_history(run_id=run.id, start=end - 24 * HOUR, end=end, max_points=120)
+    assert ranks.resolution_s == 1200  # 20-minute buckets: two 10-minute rows each
+    assert ranks.step_time[2][-6:] == [3.0] * 6 and ranks.busy[0][-6:] == [0.75] * 6
+    rows("UPDATE history_step_10m SET busy_sum = 0 WHERE run_id = %s AND rank = 0", [run.id])
+    spoiled = run_rank_history(run_id=run.id, start=end - 24 * HOUR, end=end, max_points=120)
+    assert spoiled.busy[0][-6:] == [0.0] * 6
 
 
 def test_it_answers_a_raw_step_history_in_two_queries(slow_run, django_assert_num_queries):
     run, end = slow_run
     with django_assert_num_queries(2):
+        ranks = run_rank_history(run_id=run.id, start=end - 600, end=end)
+    assert len(ranks.step_time) == 4 and len(ranks.step_time[0]) == 600
+    with django_assert_num_queries(2):
         history = run_step_history(run_id=run.id, start=end - 600, end=end)
-    assert len(history.step_time) == 4 and len(history.step_time[0]) == 600
+    assert len(history.ts) == 600 and history.steps_per_s == pytest.approx([1.0] * 600)
 
 
 def test_it_gives_the_same_answers_as_prepared_statements_with_generic_plans(slow_run):
@@ -232,6 +282,8 @@ def test_it_gives_the_same_answers_as_prepared_statements_with_generic_plans(slo
                                start=end - 2 * HOUR, end=end, max_points=100),
         lambda: run_step_history(run_id=run.id, start=end - 600, end=end),
         lambda: run_step_history(run_id=run.id, start=end - 2 * HOUR, end=end, max_points=60),
+        lambda: run_rank_history(run_id=run.id, start=end - 600, end=end),
+        lambda: run_rank_history(run_id=run.id, start=end - 2 * HOUR, end=end, max_points=60),
     ]  # fmt: skip
     expected = [call() for call in calls]
     with prepared_generic_plans():

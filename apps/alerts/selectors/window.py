@@ -8,6 +8,8 @@ those timestamps, as if every record had arrived at the moment it carries.
 
 from __future__ import annotations
 
+import math
+from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,9 +26,8 @@ from apps.alerts.selectors.replay import (
 from apps.clusters.models import Cluster, Node
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
-from apps.runs.services import STEP_FIELDS
 from apps.telemetry.selectors import MAX_CHUNK_SPAN
-from detectors.goodput import goodput
+from detectors.goodput import Completion, completions_marked, goodput_of, restarts_of
 from detectors.types import ClusterWindow, EventRow, NodeSeen, RunWindow, Series, StepRow
 
 # The metrics the detectors read (thermal, power, oom_risk, input_bound, ...).
@@ -101,22 +102,53 @@ def run_window(*, run: Run, now: float) -> RunWindow:
 
 
 def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
-    """The run's goodput (detectors.goodput) as plain JSON, over what the bounded window
-    holds: since the run started when the window reaches back that far, else since the
-    window's first step (or its event horizon, whichever is later). None before any step."""
+    """The run's goodput (detectors.goodput) as plain JSON, over the detectors' window of it
+    (its last ALERT_STEP_WINDOW steps and recent events): since the run started when the
+    window reaches back that far, else since the window's first step (or its event horizon,
+    whichever is later). None before any step. Two queries: the per-step medians over the
+    ranks are computed by Postgres (a 256-rank window is 30 k reports)."""
     if run.last_step is None:
         return None
-    window = run_window(run=run, now=now)
-    if not window.steps:
+    recent = _run_events([run], now, until=None).get(run.id, [])
+    events = [_event_row(event, {}) for event in recent]
+    restarts = restarts_of(events)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _COMPLETIONS_SQL,
+            {
+                "run": run.id,
+                "after": run.last_step - settings.ALERT_STEP_WINDOW,
+                # width_bucket counts the restarts at or before a report: its epoch
+                "restarts": [*restarts, math.inf],
+            },
+        )
+        rows = cursor.fetchall()
+    if not rows:
         return None
+    done = completions_marked(Completion(*row[:4]) for row in rows)
     end = now if run.state == RunState.RUNNING else (ts(run.last_step_at) or now)
     event_start = now - settings.ALERT_EVENT_WINDOW_S
     whole = (run.first_step or 0) > run.last_step - settings.ALERT_STEP_WINDOW and (
         run.created_at.timestamp() >= event_start
     )
-    first = min(row.ts - row.step_time for row in window.steps)
+    first = min(row[4] for row in rows)
     since = None if whole else max(first, event_start)
-    return goodput(window, end, since=since).to_dict()
+    return goodput_of(done, events, end, since=since, started_at=ts(run.created_at)).to_dict()
+
+
+# One row per completion of a step number (epoch, step): detectors.goodput.completions'
+# medians, and the earliest start of a rank's step.
+_COMPLETIONS_SQL = """
+SELECT step, percentile_cont(0.5) WITHIN GROUP (ORDER BY e),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY step_time),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY data), min(e - step_time)
+FROM (
+    SELECT step, extract(epoch FROM ts)::float8 AS e, step_time,
+           coalesce(data_time, 0) + coalesce(h2d_time, 0) AS data
+    FROM runs_stepreport WHERE run_id = %(run)s AND step > %(after)s
+) s
+GROUP BY width_bucket(e, %(restarts)s::float8[]), step
+"""
 
 
 def _active_runs(cluster: Cluster, now: float) -> list[Run]:
@@ -159,8 +191,13 @@ def _run_windows(
     return windows
 
 
-# node_id, ts, rank, step, step_time, ...: the stored step record's columns
-_STEP_COLUMNS = STEP_FIELDS[1:]
+# StepRow's fields after `node`, in its order, as stored columns: rows load positionally, and
+# ts as epoch seconds (a float loads far faster than a timestamptz: 30 k rows a window).
+_STEPROW_FIELDS = [f.name for f in fields(StepRow)][1:]
+_STEPROW_COLUMNS = ", ".join(
+    "extract(epoch FROM s.ts)::float8" if name == "ts" else f"s.{name}" for name in _STEPROW_FIELDS
+)
+_CANARY_PROJ = _STEPROW_FIELDS.index("canary_proj") + 2  # after run_id and node_id
 
 
 def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[int, list[StepRow]]:
@@ -170,14 +207,13 @@ def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[
     # One branch per run with its own bounds as literals (Django binds client-side): the
     # planner then sees how few rows `step > n` leaves. A join against unnest()'d bounds
     # hid them, and on a 22 M-report table it chose a parallel scan of every row (22 s).
-    columns = ", ".join("s." + name for name in _STEP_COLUMNS)
     branch = (
-        f"(SELECT s.run_id, {columns} FROM runs_stepreport s"
+        f"(SELECT s.run_id, s.node_id, {_STEPROW_COLUMNS} FROM runs_stepreport s"
         " WHERE s.run_id = %s AND s.step > %s"
         + ("" if until is None else " AND s.ts <= to_timestamp(%s)")
         + ")"
     )
-    sql = " UNION ALL ".join([branch] * len(runs)) + " ORDER BY 1, 5, 4"  # run, step, rank
+    sql = " UNION ALL ".join([branch] * len(runs)) + " ORDER BY 1, 4, 3"  # run, step, rank
     params: list[Any] = []
     for run in runs:
         params += [run.id, (run.last_step or 0) - settings.ALERT_STEP_WINDOW]
@@ -185,12 +221,12 @@ def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[
     by_run: dict[int, list[StepRow]] = {}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        for run_id, node_id, at, *fields in cursor.fetchall():
-            row = dict(zip(_STEP_COLUMNS[2:], fields, strict=True))
-            if row["canary_proj"] is not None:
-                row["canary_proj"] = tuple(row["canary_proj"])
-            by_run.setdefault(run_id, []).append(
-                StepRow(node=names.get(node_id, str(node_id)), ts=at.timestamp(), **row)
+        for row in cursor.fetchall():
+            if row[_CANARY_PROJ] is not None:
+                row = (*row[:_CANARY_PROJ], tuple(row[_CANARY_PROJ]), *row[_CANARY_PROJ + 1 :])
+            node_id = row[1]
+            by_run.setdefault(row[0], []).append(
+                StepRow(names.get(node_id, str(node_id)), *row[2:])
             )
     return by_run
 

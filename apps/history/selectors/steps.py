@@ -1,4 +1,6 @@
-"""A run's step timings per rank and bucket, from raw step reports or the step rollups."""
+"""A run's step timings over a range: the run as a whole per bucket (throughput, stages, loss)
+and each rank per bucket (step time, and step time less collective wait), from raw step
+reports after the last rollup pass and the step rollups before it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import orjson
 from django.db import connection, transaction
 
 from apps.history.selectors.resolution import (
+    STEP_TIERS,
     Resolution,
     Split,
     history_meta,
@@ -23,20 +26,17 @@ STAGES = ("data_time", "h2d_time", "compute_time", "comm_wait")
 
 @dataclass(frozen=True)
 class StepHistory:
-    """Dense over buckets: ts[i] is bucket i's start (aligned to multiples of resolution_s;
-    never 0: steps are always bucketed, 1 s at the finest), None where nothing was
-    reported. step_time[r][i] is rank ranks[r]'s mean step time in bucket i; stages[name][i]
-    the mean of that stage over every report in bucket i (ranks report at the same cadence,
-    so this is the mean over ranks); steps_per_s[i] reports per rank per second of the
-    bucket (the newest bucket may be partial); tokens_per_s[i] all ranks' tokens per second;
-    loss[i] the mean reported loss."""
+    """The run as a whole, dense over buckets: ts[i] is bucket i's start (aligned to
+    multiples of resolution_s; never 0: steps are always bucketed, 1 s at the finest), None
+    where nothing was reported. stages[name][i] is the mean of that stage over every report
+    in bucket i (ranks report at the same cadence, so the mean over ranks); steps_per_s[i]
+    reports per reporting rank per second of the bucket (the newest bucket may be partial);
+    tokens_per_s[i] all ranks' tokens per second; loss[i] the mean reported loss."""
 
     resolution_s: float
     start: float
     end: float
     ts: list[float]
-    ranks: list[int]
-    step_time: list[list[float | None]]
     stages: dict[str, list[float | None]]
     steps_per_s: list[float | None]
     tokens_per_s: list[float | None]
@@ -46,77 +46,107 @@ class StepHistory:
         return asdict(self)
 
 
-_SUMS = ", ".join(f"sum({stage}) AS {stage}_sum, count({stage}) AS {stage}_n" for stage in STAGES)
-_ROLLED_SUMS = ", ".join(
-    f"sum({stage}_sum) AS {stage}_sum, sum({stage}_n) AS {stage}_n" for stage in STAGES
-)
-_STAGE_MEANS = ", ".join(f"sum({stage}_sum) / nullif(sum({stage}_n), 0)" for stage in STAGES)
+@dataclass(frozen=True)
+class RankHistory:
+    """Each rank, dense over the same buckets as StepHistory: step_time[r][i] is rank
+    ranks[r]'s mean step time in bucket i, busy[r][i] its mean step time less collective
+    wait (its own work: in synchronous training every rank's step time is the slowest
+    one's, so it is this that singles out a straggler); None where it reported nothing."""
+
+    resolution_s: float
+    start: float
+    end: float
+    ts: list[float]
+    ranks: list[int]
+    step_time: list[list[float | None]]
+    busy: list[list[float | None]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _bucket(column: str) -> str:
+    return f"(floor(extract(epoch FROM {column})::float8 / %(step)s) - %(k0)s)::int"
+
 
 # Both parts are bounded by constants (the raw one lies after the last rollup pass), so the
-# raw scan stays on the (run_id, ts) index and the rollup one on the primary key. The rank ×
-# bucket means leave as one ordered array per rank (dense ones need no filling in Python).
-_STEPS_SQL = f"""
-WITH raw AS MATERIALIZED (
-    SELECT rank, (floor(extract(epoch FROM ts)::float8 / %(step)s) - %(k0)s)::int AS i,
-           step_time, data_time, h2d_time, compute_time, comm_wait, tokens, loss
+# raw scan stays on the (run_id, ts) index and the rollup one on its primary key.
+_RAW = """
     FROM runs_stepreport
     WHERE run_id = %(run)s AND ts >= to_timestamp(%(raw_lo)s) AND ts < to_timestamp(%(end)s)
-      AND %(raw_lo)s < %(end)s
-), rolled AS MATERIALIZED (
-    SELECT rank, (floor(extract(epoch FROM bucket)::float8 / %(step)s) - %(k0)s)::int AS i,
-           n, step_time_sum, {", ".join(f"{s}_sum, {s}_n" for s in STAGES)}, tokens_sum,
-           loss_sum, loss_n
-    FROM {{table}}
+      AND %(raw_lo)s < %(end)s"""
+_ROLLED = """
+    FROM {table}
     WHERE run_id = %(run)s AND bucket >= to_timestamp(%(roll_lo)s)
-      AND bucket < to_timestamp(%(roll_hi)s) AND %(roll_lo)s < %(roll_hi)s
-), cells AS (
-    SELECT rank, i, sum(n) AS n, sum(st_sum) AS st_sum
-    FROM (SELECT rank, i, 1 AS n, step_time AS st_sum FROM raw
-          UNION ALL SELECT rank, i, n, step_time_sum FROM rolled) c
-    GROUP BY rank, i
-), per_rank AS (
-    SELECT rank, json_build_array(rank, array_agg(i ORDER BY i),
-                                  array_agg(st_sum / n ORDER BY i)) AS cells
-    FROM cells GROUP BY rank
-), rates AS (
-    -- reports per rank per second of the bucket
-    SELECT i, sum(n)::float8 / count(*) / %(step)s AS steps_per_s FROM cells GROUP BY i
-), buckets AS (
-    SELECT i, {_SUMS}, sum(tokens)::float8 AS tokens, sum(loss) AS loss_sum,
-           count(loss) AS loss_n
-    FROM raw GROUP BY i
+      AND bucket < to_timestamp(%(roll_hi)s) AND %(roll_lo)s < %(roll_hi)s"""
+
+_STAGE_SUMS = ", ".join(f"sum({s}) AS {s}_sum, count({s}) AS {s}_n" for s in STAGES)
+_STAGE_ROLLED = ", ".join(f"sum({s}_sum) AS {s}_sum, sum({s}_n) AS {s}_n" for s in STAGES)
+_STAGE_MEANS = ", ".join(f"sum({s}_sum) / nullif(sum({s}_n), 0)" for s in STAGES)
+
+# Per bucket: n reports, the ranks that reported (raw: counted distinct; rolled up: the most
+# that reported in one of the bucket's minutes), sums. One JSON array back.
+_RUN_SQL = f"""
+WITH buckets AS (
+    SELECT {_bucket("ts")} AS i, count(*) AS n, count(DISTINCT rank) AS ranks, {_STAGE_SUMS},
+           sum(tokens)::float8 AS tokens, sum(loss) AS loss_sum, count(loss) AS loss_n {_RAW}
+    GROUP BY 1
     UNION ALL
-    SELECT i, {_ROLLED_SUMS}, sum(tokens_sum)::float8, sum(loss_sum), sum(loss_n)
-    FROM rolled GROUP BY i
-), per_bucket AS (
-    SELECT json_build_array(b.i, {_STAGE_MEANS}, sum(tokens) / %(step)s,
-                            sum(loss_sum) / nullif(sum(loss_n), 0), min(r.steps_per_s)) AS cells
-    FROM buckets b LEFT JOIN rates r USING (i) GROUP BY b.i
+    SELECT {_bucket("bucket")}, sum(n), max(ranks), {_STAGE_ROLLED}, sum(tokens_sum)::float8,
+           sum(loss_sum), sum(loss_n) {_ROLLED}
+    GROUP BY 1
 )
-SELECT json_build_array(
-    (SELECT coalesce(json_agg(cells ORDER BY rank), '[]') FROM per_rank),
-    (SELECT coalesce(json_agg(cells), '[]') FROM per_bucket)
-)::text
+SELECT coalesce(json_agg(cells), '[]')::text FROM (
+    SELECT json_build_array(
+        i, {_STAGE_MEANS}, sum(tokens) / %(step)s, sum(loss_sum) / nullif(sum(loss_n), 0),
+        sum(n)::float8 / max(ranks) / %(step)s
+    ) AS cells
+    FROM buckets GROUP BY i
+) per_bucket
 """
 
-ROLLUP_TABLES = {"raw": "history_step_1m", "1m": "history_step_1m", "1h": "history_step_1h"}
+# Per rank: its buckets' indexes, mean step times and mean busy times, as one ordered array
+# each (dense ones need no filling in Python).
+_RANK_SQL = f"""
+WITH cells AS (
+    SELECT rank, i, sum(n) AS n, sum(st_sum) AS st_sum, sum(busy_sum) AS busy_sum
+    FROM (
+        SELECT rank, {_bucket("ts")} AS i, 1 AS n, step_time AS st_sum,
+               step_time - coalesce(comm_wait, 0) AS busy_sum {_RAW}
+        UNION ALL
+        SELECT rank, {_bucket("bucket")}, n, step_time_sum, busy_sum {_ROLLED}
+    ) c
+    GROUP BY rank, i
+)
+SELECT coalesce(json_agg(r ORDER BY rank), '[]')::text FROM (
+    SELECT rank, json_build_array(rank, array_agg(i ORDER BY i), array_agg(st_sum / n ORDER BY i),
+                                  array_agg(busy_sum / n ORDER BY i)) AS r
+    FROM cells GROUP BY rank
+) per_rank
+"""
+
+RUN_TABLES = {"1m": "history_runstep_1m", "10m": "history_runstep_1m", "1h": "history_runstep_1h"}
+RANK_TABLES = {"1m": "history_step_1m", "10m": "history_step_10m", "1h": "history_step_1h"}
 
 
 def run_step_history(
     *, run_id: int, start: float, end: float, max_points: int = 1000
 ) -> StepHistory:
-    """A run's step timings per rank and bucket over [start, end), at most ~max_points
-    buckets. Two queries, whatever the rank count."""
+    """The run as a whole over [start, end), at most ~max_points buckets. Two queries (a
+    wide range of many ranks reads the rollups: see resolution_choose)."""
     with transaction.atomic(savepoint=False):
-        rolled_up_at, ranks = history_meta(
-            count_sql="SELECT world_size FROM runs_run WHERE id = %s", params=[run_id]
-        )
-        res = resolution_choose(
-            start=start, end=end, max_points=max_points, now=time.time(), raw_points=False,
-            series=ranks,
-        )  # fmt: skip
-        split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
-        return _step_history(run_id=run_id, start=start, end=end, res=res, split=split)
+        res, split = _plan(run_id=run_id, start=start, end=end, max_points=max_points)
+        return _run_history(run_id=run_id, start=start, end=end, res=res, split=split)
+
+
+def run_rank_history(
+    *, run_id: int, start: float, end: float, max_points: int = 1000
+) -> RankHistory:
+    """Each rank over [start, end), at most ~max_points buckets. Two queries, whatever the
+    rank count (a wide range of many ranks reads the rollups: see resolution_choose)."""
+    with transaction.atomic(savepoint=False):
+        res, split = _plan(run_id=run_id, start=start, end=end, max_points=max_points)
+        return _rank_history(run_id=run_id, start=start, end=end, res=res, split=split)
 
 
 def run_step_history_at(*, run_id: int, start: float, end: float, res: Resolution) -> StepHistory:
@@ -124,40 +154,69 @@ def run_step_history_at(*, run_id: int, start: float, end: float, res: Resolutio
     with transaction.atomic(savepoint=False):
         rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
         split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
-        return _step_history(run_id=run_id, start=start, end=end, res=res, split=split)
+        return _run_history(run_id=run_id, start=start, end=end, res=res, split=split)
 
 
-def _step_history(
-    *, run_id: int, start: float, end: float, res: Resolution, split: Split
-) -> StepHistory:
-    step = res.step
-    first = math.floor(start / step)
-    buckets = max(1, math.ceil(end / step) - first)
-    params = {
+def run_rank_history_at(*, run_id: int, start: float, end: float, res: Resolution) -> RankHistory:
+    """run_rank_history at a given resolution and source (the benchmark compares sources)."""
+    with transaction.atomic(savepoint=False):
+        rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
+        split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+        return _rank_history(run_id=run_id, start=start, end=end, res=res, split=split)
+
+
+def _plan(*, run_id: int, start: float, end: float, max_points: int) -> tuple[Resolution, Split]:
+    """Resolution and rollup/raw split; call in the selector's transaction (READ_SETTINGS
+    then apply to its data query). Raw reports count against the raw-point budget one per
+    rank per second (the run's world size)."""
+    rolled_up_at, world = history_meta(
+        count_sql="SELECT world_size FROM runs_run WHERE id = %s", params=[run_id]
+    )
+    res = resolution_choose(
+        start=start, end=end, max_points=max_points, now=time.time(), raw_points=False,
+        series=world, tiers=STEP_TIERS,
+    )  # fmt: skip
+    return res, range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+
+
+def _params(*, run_id: int, start: float, end: float, res: Resolution, split: Split) -> dict:
+    return {
         "run": run_id,
-        "step": step,
+        "step": res.step,
         "end": end,
-        "k0": first,
+        "k0": math.floor(start / res.step),
         "roll_lo": split.roll_lo,
         "roll_hi": split.roll_hi,
         "raw_lo": split.raw_lo,
     }
+
+
+def _buckets(start: float, end: float, step: float) -> tuple[int, list[float]]:
+    first = math.floor(start / step)
+    count = max(1, math.ceil(end / step) - first)
+    return count, [(first + i) * step for i in range(count)]
+
+
+def _run_history(
+    *, run_id: int, start: float, end: float, res: Resolution, split: Split
+) -> StepHistory:
+    params = _params(run_id=run_id, start=start, end=end, res=res, split=split)
+    table = RUN_TABLES.get(res.source, RUN_TABLES["1m"])
     with connection.cursor() as cursor:
-        cursor.execute(_STEPS_SQL.format(table=ROLLUP_TABLES[res.source]), params)
-        per_rank, per_bucket = orjson.loads(cursor.fetchone()[0])
+        cursor.execute(_RUN_SQL.format(table=table), params)
+        per_bucket = orjson.loads(cursor.fetchone()[0])
+    count, ts = _buckets(start, end, res.step)
     # per bucket: the stages' means, tokens/s, loss, steps/s
-    columns: list[list[float | None]] = [[None] * buckets for _ in range(7)]
+    columns: list[list[float | None]] = [[None] * count for _ in range(7)]
     for i, *values in per_bucket:
-        if 0 <= i < buckets:
+        if 0 <= i < count:
             for column, value in zip(columns, values, strict=True):
                 column[i] = value
     return StepHistory(
-        resolution_s=step,
+        resolution_s=res.step,
         start=start,
         end=end,
-        ts=[(first + i) * step for i in range(buckets)],
-        ranks=[rank for rank, _, _ in per_rank],
-        step_time=[_dense(indexes, means, buckets) for _, indexes, means in per_rank],
+        ts=ts,
         stages=dict(zip(STAGES, columns[:4], strict=True)),
         steps_per_s=columns[6],
         tokens_per_s=columns[4],
@@ -165,7 +224,27 @@ def _step_history(
     )
 
 
-def _dense(indexes: list[int], means: list[float], buckets: int) -> list[float | None]:
+def _rank_history(
+    *, run_id: int, start: float, end: float, res: Resolution, split: Split
+) -> RankHistory:
+    params = _params(run_id=run_id, start=start, end=end, res=res, split=split)
+    table = RANK_TABLES.get(res.source, RANK_TABLES["1m"])
+    with connection.cursor() as cursor:
+        cursor.execute(_RANK_SQL.format(table=table), params)
+        per_rank = orjson.loads(cursor.fetchone()[0])
+    count, ts = _buckets(start, end, res.step)
+    return RankHistory(
+        resolution_s=res.step,
+        start=start,
+        end=end,
+        ts=ts,
+        ranks=[rank for rank, *_ in per_rank],
+        step_time=[_dense(indexes, means, count) for _, indexes, means, _ in per_rank],
+        busy=[_dense(indexes, busy, count) for _, indexes, _, busy in per_rank],
+    )
+
+
+def _dense(indexes: list[int], means: list[float | None], buckets: int) -> list[float | None]:
     """One rank's means over every bucket (indexes ascend), None where it reported nothing."""
     if indexes == list(range(buckets)):
         return means

@@ -1,13 +1,16 @@
 """Writes of history: dirty ranges at ingest, the rollup pass, rebuilds and retention.
 
-Rollups (tables in migration 0001) hold, per series (node, metric, gpu) and per run/rank,
-one row per minute (`*_1m`) and per hour (`*_1h`): count, sum, min, max of samples; count,
-sums, counts and maxima of step reports. Ingest records the time range it wrote for each
-series and run in `history_dirty_*` in its own transaction (`series_mark_dirty`,
-`runs_mark_dirty`), so a committed raw write always leaves a dirty row behind it.
+Rollups (tables in migrations 0001 and 0003) hold per series (node, metric, gpu) one row per
+minute and per hour (`history_sample_1m`, `_1h`: count, sum, min, max of samples); per run
+and rank one row per minute, 10 minutes and hour (`history_step_1m`, `_10m`, `_1h`: count,
+sums, counts and maxima of step reports); per run, all ranks together, one row per minute
+and hour (`history_runstep_1m`, `_1h`). The SQL is in `sql.py`. Ingest records the time
+range it wrote for each series and run in `history_dirty_*` in its own transaction
+(`series_mark_dirty`, `runs_mark_dirty`), so a committed raw write always leaves a dirty row
+behind it.
 `rollups_refresh` claims dirty rows (DELETE … RETURNING, in its transaction), merges their
 ranges into disjoint minute-aligned islands per series, recomputes those whole minute
-buckets from raw data and then the hours containing them from the minutes, upserting both.
+buckets from raw data and then the coarser buckets containing them from the minutes.
 Because buckets are recomputed from raw, never incremented, a re-run or a replay cannot
 double count, and data arriving days late simply makes its buckets dirty again.
 
@@ -30,6 +33,12 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
+from apps.history.services.sql import (
+    SAMPLE_HOURS_SQL,
+    SAMPLE_MINUTES_SQL,
+    STEP_COARSER_SQL,
+    STEP_MINUTES_SQL,
+)
 from opsboard.db import server_cursor
 
 logger = logging.getLogger(__name__)
@@ -65,139 +74,6 @@ def runs_mark_dirty(*, ranges: dict[int, tuple[datetime, datetime]]) -> None:
             " SELECT * FROM unnest(%s::int8[], %s::timestamptz[], %s::timestamptz[])",
             [run_ids, [ranges[r][0] for r in run_ids], [ranges[r][1] for r in run_ids]],
         )
-
-
-# Claimed ranges → disjoint islands of whole minutes per key, in epoch seconds. A range
-# starting at or before the running end of the earlier ones of its key joins their island.
-_ISLANDS = """
-ranges AS (
-    SELECT {key}, greatest(floor(extract(epoch FROM t0)::float8 / 60) * 60, %(floor)s) AS lo,
-           floor(extract(epoch FROM t1)::float8 / 60) * 60 + 60 AS hi
-    FROM claimed WHERE extract(epoch FROM t1)::float8 >= %(floor)s
-), flagged AS (
-    SELECT *, CASE WHEN lo <= max(hi) OVER (PARTITION BY {key} ORDER BY lo, hi
-                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS starts
-    FROM ranges
-), numbered AS (
-    SELECT *, sum(starts) OVER (PARTITION BY {key} ORDER BY lo, hi ROWS UNBOUNDED PRECEDING)
-              AS island
-    FROM flagged
-), islands AS (
-    SELECT {key}, min(lo) AS lo, max(hi) AS hi FROM numbered GROUP BY {key}, island
-)"""
-
-_CLAIM = """
-claimed AS (
-    DELETE FROM {table}
-    WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} LIMIT %(limit)s))
-    RETURNING *
-)"""
-
-# Touched hours come back as arrays for the second statement (which must see these minutes).
-_HOURS_RETURNED = """
-SELECT (SELECT count(*) FROM claimed), {arrays}
-FROM (SELECT DISTINCT {key}, date_trunc('hour', bucket) AS hour FROM upserted) h
-"""
-
-SERIES_KEY = "node_id, metric_id, gpu"
-_SAMPLE_MINUTES_SQL = f"""
-WITH {_CLAIM.format(table="history_dirty_series")},
-{_ISLANDS.format(key=SERIES_KEY)},
-chunks AS (
-    SELECT i.node_id, i.metric_id, i.gpu, i.lo * 1000 AS lo_ms, i.hi * 1000 AS hi_ms,
-           extract(epoch FROM c.t0)::float8 * 1000 AS e0_ms, c.offsets_ms, c.vals
-    FROM islands i CROSS JOIN LATERAL (
-        SELECT t0, offsets_ms, vals FROM telemetry_chunk c
-        WHERE c.node_id = i.node_id AND c.metric_id = i.metric_id AND c.gpu = i.gpu
-          AND c.t0 < to_timestamp(i.hi) AND c.t1 >= to_timestamp(i.lo)
-          -- an uncompacted chunk holds one batch: it never starts long before its points
-          AND c.t0 >= to_timestamp(i.lo) - interval '1 day'
-        OFFSET 0
-    ) c
-), minutes AS (
-    SELECT node_id, metric_id, gpu, floor((e0_ms + u.o) / 60000) AS k, count(*) AS n,
-           sum(u.v) AS vsum, min(u.v) AS vmin, max(u.v) AS vmax
-    FROM chunks CROSS JOIN LATERAL unnest(chunks.offsets_ms, chunks.vals) AS u(o, v)
-    WHERE e0_ms + u.o >= lo_ms AND e0_ms + u.o < hi_ms
-    GROUP BY node_id, metric_id, gpu, k
-), upserted AS (
-    INSERT INTO history_sample_1m AS r (node_id, metric_id, gpu, bucket, n, vsum, vmin, vmax)
-    SELECT node_id, metric_id, gpu, to_timestamp(k * 60), n, vsum, vmin, vmax FROM minutes
-    ON CONFLICT (node_id, metric_id, gpu, bucket) DO UPDATE SET
-        n = EXCLUDED.n, vsum = EXCLUDED.vsum, vmin = EXCLUDED.vmin, vmax = EXCLUDED.vmax
-    RETURNING node_id, metric_id, gpu, bucket
-)
-{
-    _HOURS_RETURNED.format(
-        key=SERIES_KEY,
-        arrays="array_agg(node_id), array_agg(metric_id), array_agg(gpu), array_agg(hour)",
-    )
-}"""
-
-_SAMPLE_HOURS_SQL = """
-INSERT INTO history_sample_1h (node_id, metric_id, gpu, bucket, n, vsum, vmin, vmax)
-SELECT h.node_id, h.metric_id, h.gpu, h.hour, sum(m.n), sum(m.vsum), min(m.vmin), max(m.vmax)
-FROM unnest(%s::int4[], %s::int4[], %s::int2[], %s::timestamptz[]) AS h(node_id, metric_id, gpu,
-                                                                           hour)
-CROSS JOIN LATERAL (
-    SELECT n, vsum, vmin, vmax FROM history_sample_1m m
-    WHERE m.node_id = h.node_id AND m.metric_id = h.metric_id AND m.gpu = h.gpu
-      AND m.bucket >= h.hour AND m.bucket < h.hour + interval '1 hour'
-    OFFSET 0
-) m
-WHERE h.hour >= to_timestamp(%s)
-GROUP BY h.node_id, h.metric_id, h.gpu, h.hour
-ON CONFLICT (node_id, metric_id, gpu, bucket) DO UPDATE SET
-    n = EXCLUDED.n, vsum = EXCLUDED.vsum, vmin = EXCLUDED.vmin, vmax = EXCLUDED.vmax
-"""
-
-# Step rollups: (sum, count) per optional stage so means skip reports that left it out.
-STEP_SUMS = ("data_time", "h2d_time", "compute_time", "comm_wait")
-STEP_COLUMNS = (
-    "n, max_step, step_time_sum, step_time_max, tokens_sum, loss_sum, loss_n, "
-    + ", ".join(f"{stage}_sum, {stage}_n" for stage in STEP_SUMS)
-)
-_STEP_RAW_AGGREGATES = (
-    "count(*), max(step), sum(step_time), max(step_time), sum(tokens), sum(loss), count(loss), "
-    + ", ".join(f"sum({stage}), count({stage})" for stage in STEP_SUMS)
-)
-_STEP_ROLLUP_AGGREGATES = (
-    "sum(n), max(max_step), sum(step_time_sum), max(step_time_max), sum(tokens_sum), "
-    "sum(loss_sum), sum(loss_n), "
-    + ", ".join(f"sum({stage}_sum), sum({stage}_n)" for stage in STEP_SUMS)
-)
-_STEP_UPDATE = ", ".join(f"{c} = EXCLUDED.{c}" for c in STEP_COLUMNS.split(", "))
-
-_STEP_MINUTES_SQL = f"""
-WITH {_CLAIM.format(table="history_dirty_run")},
-{_ISLANDS.format(key="run_id")},
-upserted AS (
-    INSERT INTO history_step_1m (run_id, rank, bucket, {STEP_COLUMNS})
-    SELECT s.run_id, s.rank, date_trunc('minute', s.ts), {_STEP_RAW_AGGREGATES}
-    FROM islands i CROSS JOIN LATERAL (
-        SELECT * FROM runs_stepreport s
-        WHERE s.run_id = i.run_id AND s.ts >= to_timestamp(i.lo) AND s.ts < to_timestamp(i.hi)
-        OFFSET 0
-    ) s
-    GROUP BY s.run_id, s.rank, date_trunc('minute', s.ts)
-    ON CONFLICT (run_id, bucket, rank) DO UPDATE SET {_STEP_UPDATE}
-    RETURNING run_id, bucket
-)
-{_HOURS_RETURNED.format(key="run_id", arrays="array_agg(run_id), array_agg(hour)")}"""
-
-_STEP_HOURS_SQL = f"""
-INSERT INTO history_step_1h (run_id, rank, bucket, {STEP_COLUMNS})
-SELECT h.run_id, m.rank, h.hour, {_STEP_ROLLUP_AGGREGATES}
-FROM unnest(%s::int8[], %s::timestamptz[]) AS h(run_id, hour)
-CROSS JOIN LATERAL (
-    SELECT * FROM history_step_1m m
-    WHERE m.run_id = h.run_id AND m.bucket >= h.hour AND m.bucket < h.hour + interval '1 hour'
-    OFFSET 0
-) m
-WHERE h.hour >= to_timestamp(%s)
-GROUP BY h.run_id, m.rank, h.hour
-ON CONFLICT (run_id, bucket, rank) DO UPDATE SET {_STEP_UPDATE}
-"""
 
 
 @dataclass
@@ -246,19 +122,21 @@ def _refresh_floors(*, now: float) -> dict[str, float]:
 
 def _samples_round(*, limit: int, floors: dict[str, float]) -> int:
     with server_cursor() as cursor:
-        cursor.execute(_SAMPLE_MINUTES_SQL, {"limit": limit, "floor": floors["minute"]})
+        cursor.execute(SAMPLE_MINUTES_SQL, {"limit": limit, "floor": floors["minute"]})
         claimed, *hours = cursor.fetchone()
         if hours[0]:
-            cursor.execute(_SAMPLE_HOURS_SQL, [*hours, floors["hour"]])
+            cursor.execute(SAMPLE_HOURS_SQL, [*hours, floors["hour"]])
     return claimed
 
 
 def _steps_round(*, limit: int, floors: dict[str, float]) -> int:
     with server_cursor() as cursor:
-        cursor.execute(_STEP_MINUTES_SQL, {"limit": limit, "floor": floors["minute"]})
-        claimed, *hours = cursor.fetchone()
-        if hours[0]:
-            cursor.execute(_STEP_HOURS_SQL, [*hours, floors["hour"]])
+        cursor.execute(STEP_MINUTES_SQL, {"limit": limit, "floor": floors["minute"]})
+        claimed, runs, hours = cursor.fetchone()
+        if runs:
+            cursor.execute(
+                STEP_COARSER_SQL, {"runs": runs, "hours": hours, "floor": floors["hour"]}
+            )
     return claimed
 
 
@@ -315,13 +193,16 @@ PRUNE_TARGETS = (
     PruneTarget("runs_stepreport", "ts < %(cutoff)s", "RAW"),
     PruneTarget("history_sample_1m", "bucket < %(cutoff)s", "1M"),
     PruneTarget("history_step_1m", "bucket < %(cutoff)s", "1M"),
+    PruneTarget("history_runstep_1m", "bucket < %(cutoff)s", "1M"),
+    PruneTarget("history_step_10m", "bucket < %(cutoff)s", "10M"),
     PruneTarget("history_sample_1h", "bucket < %(cutoff)s", "1H"),
     PruneTarget("history_step_1h", "bucket < %(cutoff)s", "1H"),
+    PruneTarget("history_runstep_1h", "bucket < %(cutoff)s", "1H"),
 )
 
 
 def history_prune(*, now: datetime) -> dict[str, int]:
-    """Delete rows older than their resolution's retention (HISTORY_<RAW|1M|1H>_RETENTION_DAYS;
+    """Delete rows older than their resolution's retention (HISTORY_<RAW|1M|10M|1H>_RETENTION_DAYS;
     0 keeps them forever), in batches of HISTORY_PRUNE_BATCH rows, a transaction each, at
     most HISTORY_PRUNE_MAX_BATCHES per table per call. Returns rows deleted per table."""
     deleted: dict[str, int] = {}
