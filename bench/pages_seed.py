@@ -49,8 +49,9 @@ CROSS JOIN LATERAL (SELECT 1.35 + 0.02 * sin(s / 60.0) AS st) x
 """
 SLICE_S = 6 * 3600
 ROLLUP_TABLES = (
-    "history_sample_1m", "history_sample_1h", "history_step_1m", "history_step_10m",
-    "history_step_1h", "history_runstep_1m", "history_runstep_1h",
+    "history_sample_1m", "history_sample_1h", "history_step_10s", "history_step_1m",
+    "history_step_10m", "history_step_1h", "history_runstep_10s", "history_runstep_1m",
+    "history_runstep_1h",
 )  # fmt: skip
 UNLOGGED_TABLES = (
     "telemetry_chunk", "runs_stepreport", *ROLLUP_TABLES, "history_dirty_series",

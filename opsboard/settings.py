@@ -199,6 +199,7 @@ ALERT_WEBHOOK_TIMEOUT_S = envfloat("ALERT_WEBHOOK_TIMEOUT_S", 5.0)
 # Days each resolution is kept; 0 or empty keeps it forever. Raw = sample chunks and step
 # reports; late data older than the raw retention never reaches the rollups (docs/history.md).
 HISTORY_RAW_RETENTION_DAYS = float(env("HISTORY_RAW_RETENTION_DAYS", "7") or 0)
+HISTORY_10S_RETENTION_DAYS = float(env("HISTORY_10S_RETENTION_DAYS", "2") or 0)
 HISTORY_1M_RETENTION_DAYS = float(env("HISTORY_1M_RETENTION_DAYS", "90") or 0)
 HISTORY_10M_RETENTION_DAYS = float(env("HISTORY_10M_RETENTION_DAYS", "400") or 0)
 HISTORY_1H_RETENTION_DAYS = float(env("HISTORY_1H_RETENTION_DAYS", "0") or 0)

@@ -23,7 +23,7 @@ from apps.runs.models import Run
 MAX_POINTS = 600
 # Step buckets no narrower than this: narrower than a step, most buckets would hold no step
 # and the charts would be gaps and zeros.
-MIN_STEP_BUCKET_S = 5.0
+MIN_STEP_BUCKET_S = 10.0  # the 10-second step rollups' width
 HEATMAP_BUCKETS = 120
 STAGES = (
     ("data_time", "data loading"),

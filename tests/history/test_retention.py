@@ -23,7 +23,7 @@ def rollup_rows_put(days_ago: list[float]) -> None:
             " FROM unnest(%s::float8[]) d RETURNING 1",
             [days_ago],
         )
-    for table in ("history_step_1m", "history_step_10m", "history_step_1h"):
+    for table in ("history_step_10s", "history_step_1m", "history_step_10m", "history_step_1h"):
         rows(
             f"INSERT INTO {table} (run_id, rank, bucket, n, max_step, step_time_sum,"
             " step_time_max, data_time_n, h2d_time_n, compute_time_n, comm_wait_n, loss_n)"
@@ -31,7 +31,7 @@ def rollup_rows_put(days_ago: list[float]) -> None:
             " FROM unnest(%s::float8[]) d RETURNING 1",
             [days_ago],
         )
-    for table in ("history_runstep_1m", "history_runstep_1h"):
+    for table in ("history_runstep_10s", "history_runstep_1m", "history_runstep_1h"):
         rows(
             f"INSERT INTO {table} (run_id, bucket, ranks, n, max_step, step_time_sum,"
             " step_time_max, data_time_n, h2d_time_n, compute_time_n, comm_wait_n, loss_n)"
@@ -54,6 +54,7 @@ def ages(table: str, column: str = "bucket") -> list[int]:
 def test_it_prunes_each_resolution_by_its_own_retention(settings):
     settings.HISTORY_1H_RETENTION_DAYS = 365
     settings.HISTORY_10M_RETENTION_DAYS = 200
+    settings.HISTORY_10S_RETENTION_DAYS = 7.5
     node = cluster_nodes(1)[0]
     run = Run.objects.create(cluster=node.cluster, name="r")
     for days in (8, 6):
@@ -67,6 +68,7 @@ def test_it_prunes_each_resolution_by_its_own_retention(settings):
     assert ages("runs_stepreport", "ts") == [5]
     assert ages("history_sample_1m") == ages("history_step_1m") == [6, 8, 89]
     assert ages("history_runstep_1m") == [6, 8, 89]
+    assert ages("history_step_10s") == ages("history_runstep_10s") == [6]
     assert ages("history_step_10m") == [6, 8, 89, 91]
     assert ages("history_sample_1h") == ages("history_step_1h") == [6, 8, 89, 91]
     assert ages("history_runstep_1h") == [6, 8, 89, 91]
@@ -74,6 +76,8 @@ def test_it_prunes_each_resolution_by_its_own_retention(settings):
         "telemetry_chunk": 6,  # 3 batches of 2 GPUs
         "runs_stepreport": 60,
         "history_sample_1m": 2,
+        "history_step_10s": 4,  # 8, 89, 91 and 400 days old: over 7.5 days
+        "history_runstep_10s": 4,
         "history_step_1m": 2,
         "history_runstep_1m": 2,
         "history_step_10m": 1,

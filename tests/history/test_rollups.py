@@ -128,6 +128,19 @@ def test_it_rolls_step_reports_up_per_rank_and_bucket():
         " FROM history_runstep_1m WHERE run_id = %s AND bucket = to_timestamp(%s)",
         [run.id, start - 10 + 60],
     ) == [(3, 180, 109, pytest.approx(300.0), 180_000, pytest.approx(30.0))]
+    ten_seconds = rows(
+        "SELECT rank, n, step_time_sum, busy_sum FROM history_step_10s WHERE run_id = %s"
+        " AND bucket = to_timestamp(%s) ORDER BY rank",
+        [run.id, start - 10 + 60],
+    )
+    assert ten_seconds == [
+        (0, 10, pytest.approx(10.0), pytest.approx(7.5)),
+        (1, 10, pytest.approx(30.0), pytest.approx(30.0)),
+        (2, 10, pytest.approx(10.0), pytest.approx(7.5)),
+    ]
+    assert rows(
+        "SELECT count(*), min(ranks), sum(n) FROM history_runstep_10s WHERE run_id = %s", [run.id]
+    ) == [(12, 3, 360)]  # two minutes of 10-second buckets, every report once
     hour = rows(
         "SELECT rank, n, max_step, step_time_max FROM history_step_1h WHERE run_id = %s"
         " ORDER BY rank",

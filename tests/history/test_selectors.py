@@ -68,6 +68,9 @@ def test_it_keeps_wide_requests_within_the_raw_point_budget(series, span, step, 
 @pytest.mark.parametrize(
     ("span", "age", "step", "source"),
     [
+        (900, 0, 10, "10s"),  # 15 minutes in 90 columns: from the 10-second tier
+        (HOUR, 0, 30, "10s"),
+        (900, 3 * DAY, 10, "raw"),  # 10-second buckets are kept 2 days, raw data 7
         (24 * HOUR, 0, 1200, "10m"),  # a day in 120 columns: from the 10-minute tier
         (72 * HOUR, 0, 3600, "1h"),
         (6 * HOUR, 0, 300, "1m"),  # 5 minutes is no multiple of 10

@@ -11,9 +11,9 @@ from django.db import connection
 
 # Agents sample at 1 Hz: a range of up to max_points seconds is shown as raw points.
 RAW_SAMPLE_INTERVAL_S = 1.0
-# Bucket widths, in seconds; the rollups serve 60 s and wider, raw data the narrower ones.
-# 20 minutes rather than 15: a multiple of the 10-minute tier.
-LADDER_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 10800, 21600, 43200)
+# Bucket widths, in seconds: multiples of a rollup tier's width are read from it, the rest
+# from raw data. 20 s and 20 minutes rather than 15: multiples of the 10 s and 10-minute tiers.
+LADDER_S = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 10800, 21600, 43200)
 MINUTE, HOUR, DAY = 60, 3600, 86400
 # Most raw points (or step reports) one request may read when it buckets raw data: a wider
 # request (many series over hours) is served from the 1-minute rollup instead, with fewer
@@ -23,15 +23,16 @@ RAW_POINT_BUDGET = 500_000
 # from raw data: covers the agents' batching delay (≤ 10 s) and data in flight at the pass.
 ROLLUP_FRESH_MARGIN_S = 60
 
-Source = Literal["raw", "1m", "10m", "1h"]
+Source = Literal["raw", "10s", "1m", "10m", "1h"]
 # Rollup tiers: bucket width and the setting that holds its retention.
 TIERS: dict[str, tuple[int, str]] = {
+    "10s": (10, "HISTORY_10S_RETENTION_DAYS"),
     "1m": (MINUTE, "HISTORY_1M_RETENTION_DAYS"),
     "10m": (600, "HISTORY_10M_RETENTION_DAYS"),
     "1h": (HOUR, "HISTORY_1H_RETENTION_DAYS"),
 }
 SAMPLE_TIERS = ("1m", "1h")
-STEP_TIERS = ("1m", "10m", "1h")  # per rank; the run-level tables serve 10m from 1m
+STEP_TIERS = ("10s", "1m", "10m", "1h")  # per rank; the run-level tables serve 10m from 1m
 
 
 @dataclass(frozen=True)
@@ -52,32 +53,27 @@ def resolution_choose(
 ) -> Resolution:
     """The finest bucket width giving at most ~max_points buckets over [start, end), read
     from the coarsest of `tiers` that divides it and whose retention still covers `start`;
-    raw data only while `series` series (at 1 Hz) stay within RAW_POINT_BUDGET points."""
+    else from raw data while `series` series (at 1 Hz) stay within RAW_POINT_BUDGET points
+    and the raw retention covers `start`; else from the finest covering tier, widened to
+    a multiple of its width."""
     span = max(end - start, 1.0)
     if raw_points and span <= max_points * RAW_SAMPLE_INTERVAL_S:
-        step: float = 0
-    else:
-        wanted = span / max(max_points, 1)
-        step = next((s for s in LADDER_S if s >= wanted), math.ceil(wanted / DAY) * DAY)
-    raw_cost = max(series, 1) * span / RAW_SAMPLE_INTERVAL_S
-    if step < MINUTE and (
-        raw_cost > RAW_POINT_BUDGET or _expired(start, now, settings.HISTORY_RAW_RETENTION_DAYS)
-    ):
-        step = MINUTE
-    if step < MINUTE:
-        return Resolution(step=step, source="raw")
-    return _tier_for(step=step, start=start, now=now, tiers=tiers)
-
-
-def _tier_for(*, step: float, start: float, now: float, tiers: tuple[str, ...]) -> Resolution:
-    """The coarsest tier dividing `step` among those still covering `start` (fewest rows to
-    read); when none divides it, the finest covering tier at a width it divides."""
+        return Resolution(step=0, source="raw")
+    wanted = span / max(max_points, 1)
+    step = next((s for s in LADDER_S if s >= wanted), math.ceil(wanted / DAY) * DAY)
     covering = [
         name for name in tiers if not _expired(start, now, getattr(settings, TIERS[name][1]))
     ] or [tiers[-1]]
-    for name in reversed(covering):
+    for name in reversed(covering):  # coarsest first: the fewest rows to read
         if step % TIERS[name][0] == 0:
             return Resolution(step=step, source=name)  # type: ignore[arg-type]
+    raw_cost = max(series, 1) * span / RAW_SAMPLE_INTERVAL_S
+    if (
+        step < MINUTE
+        and raw_cost <= RAW_POINT_BUDGET
+        and not _expired(start, now, settings.HISTORY_RAW_RETENTION_DAYS)
+    ):
+        return Resolution(step=step, source="raw")
     width = TIERS[covering[0]][0]
     return Resolution(step=math.ceil(step / width) * width, source=covering[0])  # type: ignore[arg-type]
 

@@ -125,8 +125,18 @@ SELECT coalesce(json_agg(r ORDER BY rank), '[]')::text FROM (
 ) per_rank
 """
 
-RUN_TABLES = {"1m": "history_runstep_1m", "10m": "history_runstep_1m", "1h": "history_runstep_1h"}
-RANK_TABLES = {"1m": "history_step_1m", "10m": "history_step_10m", "1h": "history_step_1h"}
+RUN_TABLES = {
+    "10s": "history_runstep_10s",
+    "1m": "history_runstep_1m",
+    "10m": "history_runstep_1m",  # 4,320 rows for 72 hours: no 10-minute run-level tier
+    "1h": "history_runstep_1h",
+}
+RANK_TABLES = {
+    "10s": "history_step_10s",
+    "1m": "history_step_1m",
+    "10m": "history_step_10m",
+    "1h": "history_step_1h",
+}
 
 
 def run_step_history(

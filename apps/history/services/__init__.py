@@ -2,12 +2,12 @@
 
 Rollups (tables in migrations 0001 and 0003) hold per series (node, metric, gpu) one row per
 minute and per hour (`history_sample_1m`, `_1h`: count, sum, min, max of samples); per run
-and rank one row per minute, 10 minutes and hour (`history_step_1m`, `_10m`, `_1h`: count,
-sums, counts and maxima of step reports); per run, all ranks together, one row per minute
-and hour (`history_runstep_1m`, `_1h`). The SQL is in `sql.py`. Ingest records the time
-range it wrote for each series and run in `history_dirty_*` in its own transaction
-(`series_mark_dirty`, `runs_mark_dirty`), so a committed raw write always leaves a dirty row
-behind it.
+and rank one row per 10 seconds, minute, 10 minutes and hour (`history_step_10s`, `_1m`,
+`_10m`, `_1h`: count, sums, counts and maxima of step reports); per run, all ranks together,
+one row per 10 seconds, minute and hour (`history_runstep_10s`, `_1m`, `_1h`). The SQL is
+in `sql.py`. Ingest records the time range it wrote for each series and run in
+`history_dirty_*` in its own transaction (`series_mark_dirty`, `runs_mark_dirty`), so a
+committed raw write always leaves a dirty row behind it.
 `rollups_refresh` claims dirty rows (DELETE … RETURNING, in its transaction), merges their
 ranges into disjoint minute-aligned islands per series, recomputes those whole minute
 buckets from raw data and then the coarser buckets containing them from the minutes.
@@ -192,6 +192,8 @@ PRUNE_TARGETS = (
     PruneTarget("telemetry_chunk", "t0 < %(cutoff)s AND t1 < %(cutoff)s", "RAW"),
     PruneTarget("runs_stepreport", "ts < %(cutoff)s", "RAW"),
     PruneTarget("history_sample_1m", "bucket < %(cutoff)s", "1M"),
+    PruneTarget("history_step_10s", "bucket < %(cutoff)s", "10S"),
+    PruneTarget("history_runstep_10s", "bucket < %(cutoff)s", "10S"),
     PruneTarget("history_step_1m", "bucket < %(cutoff)s", "1M"),
     PruneTarget("history_runstep_1m", "bucket < %(cutoff)s", "1M"),
     PruneTarget("history_step_10m", "bucket < %(cutoff)s", "10M"),
@@ -202,9 +204,10 @@ PRUNE_TARGETS = (
 
 
 def history_prune(*, now: datetime) -> dict[str, int]:
-    """Delete rows older than their resolution's retention (HISTORY_<RAW|1M|10M|1H>_RETENTION_DAYS;
-    0 keeps them forever), in batches of HISTORY_PRUNE_BATCH rows, a transaction each, at
-    most HISTORY_PRUNE_MAX_BATCHES per table per call. Returns rows deleted per table."""
+    """Delete rows older than their resolution's retention
+    (HISTORY_<RAW|10S|1M|10M|1H>_RETENTION_DAYS; 0 keeps them forever), in batches of
+    HISTORY_PRUNE_BATCH rows, a transaction each, at most HISTORY_PRUNE_MAX_BATCHES per table
+    per call. Returns rows deleted per table."""
     deleted: dict[str, int] = {}
     for target in PRUNE_TARGETS:
         days = getattr(settings, f"HISTORY_{target.retention_setting}_RETENTION_DAYS")

@@ -1,12 +1,13 @@
 """The rollup pass's SQL: claimed dirty ranges → minute islands → minute buckets recomputed
 from raw data → coarser buckets recomputed from the minutes (layout in ../services).
 
-Tiers: samples per series at 1 minute and 1 hour; step reports per run and rank at 1 minute,
-10 minutes and 1 hour (`history_step_*`), and per run, every rank summed, at 1 minute and 1
-hour (`history_runstep_*`). A run-level minute is built from the rank minutes the same
-statement recomputed (an island covers whole minutes of a run, so it returns every rank
-that reported in them); 10-minute and hour buckets are recomputed from the minutes of every
-hour the round touched.
+Tiers: samples per series at 1 minute and 1 hour; step reports per run and rank at 10
+seconds, 1 minute, 10 minutes and 1 hour (`history_step_*`), and per run, every rank summed,
+at 10 seconds, 1 minute and 1 hour (`history_runstep_*`). The 10-second and minute buckets of
+an island come from one read of its raw reports; a run-level bucket is built from the rank
+buckets the same statement recomputed (an island covers whole minutes of a run, so it
+returns every rank that reported in them); 10-minute and hour buckets are recomputed from
+the minutes of every hour the round touched.
 """
 
 # Claimed ranges → disjoint islands of whole minutes per key, in epoch seconds. A range
@@ -118,26 +119,45 @@ def _update(columns: str) -> str:
     return ", ".join(f"{c} = EXCLUDED.{c}" for c in columns.split(", "))
 
 
+def _bucket_of(column: str, seconds: int) -> str:
+    return f"to_timestamp(floor(extract(epoch FROM {column})::float8 / {seconds}) * {seconds})"
+
+
+def _rank_upsert(*, table: str, seconds: int) -> str:
+    """Per rank `seconds`-wide buckets of the island's raw reports, upserted; the new rows
+    come back for the run-level table."""
+    return f"""
+    INSERT INTO {table} (run_id, rank, bucket, {RANK_COLUMNS})
+    SELECT run_id, rank, {_bucket_of("ts", seconds)}, {_RANK_RAW_AGGREGATES} FROM raw
+    GROUP BY 1, 2, 3
+    ON CONFLICT (run_id, bucket, rank) DO UPDATE SET {_update(RANK_COLUMNS)}
+    RETURNING run_id, bucket, {STEP_COLUMNS}"""
+
+
+def _run_upsert(*, table: str, ranks: str) -> str:
+    """The run-level buckets, from rank buckets just recomputed (`ranks`: their CTE)."""
+    return f"""
+    INSERT INTO {table} (run_id, bucket, ranks, {STEP_COLUMNS})
+    SELECT run_id, bucket, count(*), {_STEP_ROLLUP_AGGREGATES} FROM {ranks}
+    GROUP BY run_id, bucket
+    ON CONFLICT (run_id, bucket) DO UPDATE SET ranks = EXCLUDED.ranks, {_update(STEP_COLUMNS)}"""
+
+
 STEP_MINUTES_SQL = f"""
 WITH {_CLAIM.format(table="history_dirty_run")},
 {_ISLANDS.format(key="run_id")},
-upserted AS (
-    INSERT INTO history_step_1m (run_id, rank, bucket, {RANK_COLUMNS})
-    SELECT s.run_id, s.rank, date_trunc('minute', s.ts), {_RANK_RAW_AGGREGATES}
-    FROM islands i CROSS JOIN LATERAL (
-        SELECT * FROM runs_stepreport s
+raw AS MATERIALIZED (
+    SELECT s.* FROM islands i CROSS JOIN LATERAL (
+        SELECT run_id, rank, ts, step, step_time, tokens, loss, {", ".join(STEP_SUMS)}
+        FROM runs_stepreport s
         WHERE s.run_id = i.run_id AND s.ts >= to_timestamp(i.lo) AND s.ts < to_timestamp(i.hi)
         OFFSET 0
     ) s
-    GROUP BY s.run_id, s.rank, date_trunc('minute', s.ts)
-    ON CONFLICT (run_id, bucket, rank) DO UPDATE SET {_update(RANK_COLUMNS)}
-    RETURNING run_id, bucket, {STEP_COLUMNS}
-), run_minutes AS (
-    INSERT INTO history_runstep_1m (run_id, bucket, ranks, {STEP_COLUMNS})
-    SELECT run_id, bucket, count(*), {_STEP_ROLLUP_AGGREGATES} FROM upserted
-    GROUP BY run_id, bucket
-    ON CONFLICT (run_id, bucket) DO UPDATE SET ranks = EXCLUDED.ranks, {_update(STEP_COLUMNS)}
-)
+),
+upserted AS ({_rank_upsert(table="history_step_1m", seconds=60)}),
+rank_tens AS ({_rank_upsert(table="history_step_10s", seconds=10)}),
+run_minutes AS ({_run_upsert(table="history_runstep_1m", ranks="upserted")}),
+run_tens AS ({_run_upsert(table="history_runstep_10s", ranks="rank_tens")})
 {_HOURS_RETURNED.format(key="run_id", arrays="array_agg(run_id), array_agg(hour)")}"""
 
 # The touched hours' minutes, read once per hour, make its 10-minute and hour buckets per
