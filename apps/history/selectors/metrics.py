@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 from django.db import connection, transaction
 
+from apps.history.selectors.plain import plain
 from apps.history.selectors.resolution import (
     Resolution,
     Split,
@@ -42,7 +43,7 @@ class History:
     series: list[SeriesHistory]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return plain(self)
 
 
 # The series asked for (each node's host series, one GPU, or every GPU it has reported) and

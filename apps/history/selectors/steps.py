@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from django.db import connection, transaction
 
+from apps.history.selectors.plain import plain
 from apps.history.selectors.resolution import (
     STEP_TIERS,
     Resolution,
@@ -43,7 +44,7 @@ class StepHistory:
     loss: list[float | None]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return plain(self)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class RankHistory:
     busy: list[list[float | None]]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return plain(self)
 
 
 def _bucket(column: str) -> str:
