@@ -58,11 +58,21 @@ def test_it_picks_the_finest_resolution_within_max_points(span, age, step, sourc
         (256, HOUR, 60, "1m"),  # 920 k: over, so the 1-minute rollup (60 buckets)
         (8, 6 * HOUR, 30, "raw"),
         (256, 6 * HOUR, 60, "1m"),
+        (256, 72 * HOUR, 3600, "1h"),  # 1.1 M minute rows: over the budget too
     ],
 )
 def test_it_keeps_wide_requests_within_the_raw_point_budget(series, span, step, source):
     res = resolution_choose(start=NOW - span, end=NOW, max_points=1000, now=NOW, series=series)
     assert res == Resolution(step=step, source=source)
+
+
+def test_a_tier_over_the_row_budget_gives_way_to_a_coarser_one():
+    # 6 hours of 256 ranks at 30 s would read 553 k ten-second rows
+    res = resolution_choose(
+        start=NOW - 6 * HOUR, end=NOW, max_points=1000, now=NOW, raw_points=False, series=256,
+        tiers=STEP_TIERS,
+    )  # fmt: skip
+    assert res == Resolution(step=60, source="1m")
 
 
 @pytest.mark.parametrize(

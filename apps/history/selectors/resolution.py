@@ -55,7 +55,8 @@ def resolution_choose(
     from the coarsest of `tiers` that divides it and whose retention still covers `start`;
     else from raw data while `series` series (at 1 Hz) stay within RAW_POINT_BUDGET points
     and the raw retention covers `start`; else from the finest covering tier, widened to
-    a multiple of its width."""
+    a multiple of its width. A tier whose rows (series × span ÷ width) would exceed the
+    budget too is passed over for a coarser one."""
     span = max(end - start, 1.0)
     if raw_points and span <= max_points * RAW_SAMPLE_INTERVAL_S:
         return Resolution(step=0, source="raw")
@@ -64,18 +65,26 @@ def resolution_choose(
     covering = [
         name for name in tiers if not _expired(start, now, getattr(settings, TIERS[name][1]))
     ] or [tiers[-1]]
+
+    def within_budget(width: float) -> bool:
+        return max(series, 1) * span / width <= RAW_POINT_BUDGET
+
     for name in reversed(covering):  # coarsest first: the fewest rows to read
-        if step % TIERS[name][0] == 0:
+        width = TIERS[name][0]
+        if step % width == 0 and within_budget(width):
             return Resolution(step=step, source=name)  # type: ignore[arg-type]
-    raw_cost = max(series, 1) * span / RAW_SAMPLE_INTERVAL_S
     if (
         step < MINUTE
-        and raw_cost <= RAW_POINT_BUDGET
+        and within_budget(RAW_SAMPLE_INTERVAL_S)
         and not _expired(start, now, settings.HISTORY_RAW_RETENTION_DAYS)
     ):
         return Resolution(step=step, source="raw")
-    width = TIERS[covering[0]][0]
-    return Resolution(step=math.ceil(step / width) * width, source=covering[0])  # type: ignore[arg-type]
+    for name in covering:  # the finest tier within the budget, at a width it divides
+        width = TIERS[name][0]
+        if within_budget(width) or name == covering[-1]:
+            widened = math.ceil(step / width) * width
+            return Resolution(step=widened, source=name)  # type: ignore[arg-type]
+    raise AssertionError("unreachable: the last covering tier is always chosen")
 
 
 def _expired(ts: float, now: float, retention_days: float) -> bool:
