@@ -7,8 +7,9 @@
 # tables; minutes older than the raw retention keep busy_sum NULL (shown as no data).
 from django.db import migrations
 
-RANK_STEP_ROLLUP = """
-CREATE TABLE {table} (
+# Rank and run tables share their sums and counts; they differ in key and one column each.
+STEP_TABLE = """
+CREATE TABLE {{table}} (
     run_id bigint NOT NULL,
     bucket timestamptz NOT NULL,
     max_step bigint NOT NULL,
@@ -20,43 +21,21 @@ CREATE TABLE {table} (
     compute_time_sum float8,
     comm_wait_sum float8,
     loss_sum float8,
-    rank integer NOT NULL,
     n integer NOT NULL,
     data_time_n integer NOT NULL,
     h2d_time_n integer NOT NULL,
     compute_time_n integer NOT NULL,
     comm_wait_n integer NOT NULL,
     loss_n integer NOT NULL,
-    busy_sum float8,
-    PRIMARY KEY (run_id, bucket, rank)
+    {extra},
+    PRIMARY KEY ({key})
 );
-CREATE INDEX {table}_bucket_brin ON {table} USING brin (bucket);
+CREATE INDEX {{table}}_bucket_brin ON {{table}} USING brin (bucket);
 """
-
-RUNSTEP_ROLLUP = """
-CREATE TABLE {table} (
-    run_id bigint NOT NULL,
-    bucket timestamptz NOT NULL,
-    max_step bigint NOT NULL,
-    tokens_sum bigint,
-    step_time_sum float8 NOT NULL,
-    step_time_max float8 NOT NULL,
-    data_time_sum float8,
-    h2d_time_sum float8,
-    compute_time_sum float8,
-    comm_wait_sum float8,
-    loss_sum float8,
-    ranks integer NOT NULL,
-    n integer NOT NULL,
-    data_time_n integer NOT NULL,
-    h2d_time_n integer NOT NULL,
-    compute_time_n integer NOT NULL,
-    comm_wait_n integer NOT NULL,
-    loss_n integer NOT NULL,
-    PRIMARY KEY (run_id, bucket)
-);
-CREATE INDEX {table}_bucket_brin ON {table} USING brin (bucket);
-"""
+RANK_STEP_ROLLUP = STEP_TABLE.format(
+    extra="rank integer NOT NULL, busy_sum float8", key="run_id, bucket, rank"
+)
+RUNSTEP_ROLLUP = STEP_TABLE.format(extra="ranks integer NOT NULL", key="run_id, bucket")
 
 FORWARD = (
     "ALTER TABLE history_step_1m ADD COLUMN busy_sum float8;"
