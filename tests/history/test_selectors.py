@@ -13,7 +13,7 @@ from apps.history.selectors import (
     run_step_history,
 )
 from apps.history.selectors.metrics import metric_history_at
-from apps.history.selectors.resolution import STEP_TIERS
+from apps.history.selectors.resolution import RUN_STEP_TIERS, STEP_TIERS
 from apps.runs.models import Run
 from tests.history.helpers import (
     cluster_nodes,
@@ -64,6 +64,15 @@ def test_it_picks_the_finest_resolution_within_max_points(span, age, step, sourc
 def test_it_keeps_wide_requests_within_the_raw_point_budget(series, span, step, source):
     res = resolution_choose(start=NOW - span, end=NOW, max_points=1000, now=NOW, series=series)
     assert res == Resolution(step=step, source=source)
+
+
+def test_run_level_reads_choose_among_the_run_level_tiers():
+    # no 10-minute table for the run as a whole: 20-minute buckets come from its minutes
+    res = resolution_choose(
+        start=NOW - 24 * HOUR, end=NOW, max_points=120, now=NOW, raw_points=False,
+        series=256, tiers=RUN_STEP_TIERS,
+    )  # fmt: skip
+    assert res == Resolution(step=1200, source="1m")
 
 
 def test_a_tier_over_the_row_budget_gives_way_to_a_coarser_one():

@@ -32,7 +32,8 @@ TIERS: dict[str, tuple[int, str]] = {
     "1h": (HOUR, "HISTORY_1H_RETENTION_DAYS"),
 }
 SAMPLE_TIERS = ("1m", "1h")
-STEP_TIERS = ("10s", "1m", "10m", "1h")  # per rank; the run-level tables serve 10m from 1m
+STEP_TIERS = ("10s", "1m", "10m", "1h")  # per rank
+RUN_STEP_TIERS = ("10s", "1m", "1h")  # per run: 72 hours of minutes are 4,320 rows
 
 
 @dataclass(frozen=True)

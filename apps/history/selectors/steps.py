@@ -14,6 +14,7 @@ from django.db import connection, transaction
 
 from apps.history.selectors.plain import plain
 from apps.history.selectors.resolution import (
+    RUN_STEP_TIERS,
     STEP_TIERS,
     Resolution,
     Split,
@@ -126,13 +127,15 @@ SELECT coalesce(json_agg(r ORDER BY rank), '[]')::text FROM (
 ) per_rank
 """
 
+# Source → table; "raw" reads no rollup rows (its rollup range is empty), any table serves.
 RUN_TABLES = {
+    "raw": "history_runstep_1m",
     "10s": "history_runstep_10s",
     "1m": "history_runstep_1m",
-    "10m": "history_runstep_1m",  # 4,320 rows for 72 hours: no 10-minute run-level tier
     "1h": "history_runstep_1h",
 }
 RANK_TABLES = {
+    "raw": "history_step_1m",
     "10s": "history_step_10s",
     "1m": "history_step_1m",
     "10m": "history_step_10m",
@@ -146,8 +149,8 @@ def run_step_history(
     """The run as a whole over [start, end), at most ~max_points buckets. Two queries (a
     wide range of many ranks reads the rollups: see resolution_choose)."""
     with transaction.atomic(savepoint=False):
-        res, split = _plan(run_id=run_id, start=start, end=end, max_points=max_points)
-        return _run_history(run_id=run_id, start=start, end=end, res=res, split=split)
+        res, split = _plan(run_id, start, end, max_points=max_points, tiers=RUN_STEP_TIERS)
+        return _run_history(run_id, start, end, res=res, split=split)
 
 
 def run_rank_history(
@@ -156,27 +159,25 @@ def run_rank_history(
     """Each rank over [start, end), at most ~max_points buckets. Two queries, whatever the
     rank count (a wide range of many ranks reads the rollups: see resolution_choose)."""
     with transaction.atomic(savepoint=False):
-        res, split = _plan(run_id=run_id, start=start, end=end, max_points=max_points)
-        return _rank_history(run_id=run_id, start=start, end=end, res=res, split=split)
+        res, split = _plan(run_id, start, end, max_points=max_points, tiers=STEP_TIERS)
+        return _rank_history(run_id, start, end, res=res, split=split)
 
 
 def run_step_history_at(*, run_id: int, start: float, end: float, res: Resolution) -> StepHistory:
     """run_step_history at a given resolution and source (the benchmark compares sources)."""
     with transaction.atomic(savepoint=False):
-        rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
-        split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
-        return _run_history(run_id=run_id, start=start, end=end, res=res, split=split)
+        return _run_history(run_id, start, end, res=res, split=_split_at(start, end, res))
 
 
 def run_rank_history_at(*, run_id: int, start: float, end: float, res: Resolution) -> RankHistory:
     """run_rank_history at a given resolution and source (the benchmark compares sources)."""
     with transaction.atomic(savepoint=False):
-        rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
-        split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
-        return _rank_history(run_id=run_id, start=start, end=end, res=res, split=split)
+        return _rank_history(run_id, start, end, res=res, split=_split_at(start, end, res))
 
 
-def _plan(*, run_id: int, start: float, end: float, max_points: int) -> tuple[Resolution, Split]:
+def _plan(
+    run_id: int, start: float, end: float, *, max_points: int, tiers: tuple[str, ...]
+) -> tuple[Resolution, Split]:
     """Resolution and rollup/raw split; call in the selector's transaction (READ_SETTINGS
     then apply to its data query). Raw reports count against the raw-point budget one per
     rank per second (the run's world size)."""
@@ -185,38 +186,42 @@ def _plan(*, run_id: int, start: float, end: float, max_points: int) -> tuple[Re
     )
     res = resolution_choose(
         start=start, end=end, max_points=max_points, now=time.time(), raw_points=False,
-        series=world, tiers=STEP_TIERS,
+        series=world, tiers=tiers,
     )  # fmt: skip
     return res, range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
 
 
-def _params(*, run_id: int, start: float, end: float, res: Resolution, split: Split) -> dict:
-    return {
+def _split_at(start: float, end: float, res: Resolution) -> Split:
+    rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
+    return range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+
+
+def _read(
+    sql: str, tables: dict[str, str], run_id: int, start: float, end: float, *,
+    res: Resolution, split: Split,
+) -> tuple[Any, int, list[float]]:  # fmt: skip
+    """The query's JSON answer, the bucket count and the bucket starts."""
+    first = math.floor(start / res.step)
+    params = {
         "run": run_id,
         "step": res.step,
         "end": end,
-        "k0": math.floor(start / res.step),
+        "k0": first,
         "roll_lo": split.roll_lo,
         "roll_hi": split.roll_hi,
         "raw_lo": split.raw_lo,
     }
-
-
-def _buckets(start: float, end: float, step: float) -> tuple[int, list[float]]:
-    first = math.floor(start / step)
-    count = max(1, math.ceil(end / step) - first)
-    return count, [(first + i) * step for i in range(count)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql.format(table=tables[res.source]), params)
+        answer = orjson.loads(cursor.fetchone()[0])
+    count = max(1, math.ceil(end / res.step) - first)
+    return answer, count, [(first + i) * res.step for i in range(count)]
 
 
 def _run_history(
-    *, run_id: int, start: float, end: float, res: Resolution, split: Split
+    run_id: int, start: float, end: float, *, res: Resolution, split: Split
 ) -> StepHistory:
-    params = _params(run_id=run_id, start=start, end=end, res=res, split=split)
-    table = RUN_TABLES.get(res.source, RUN_TABLES["1m"])
-    with connection.cursor() as cursor:
-        cursor.execute(_RUN_SQL.format(table=table), params)
-        per_bucket = orjson.loads(cursor.fetchone()[0])
-    count, ts = _buckets(start, end, res.step)
+    per_bucket, count, ts = _read(_RUN_SQL, RUN_TABLES, run_id, start, end, res=res, split=split)
     # per bucket: the stages' means, tokens/s, loss, steps/s
     columns: list[list[float | None]] = [[None] * count for _ in range(7)]
     for i, *values in per_bucket:
@@ -236,14 +241,9 @@ def _run_history(
 
 
 def _rank_history(
-    *, run_id: int, start: float, end: float, res: Resolution, split: Split
+    run_id: int, start: float, end: float, *, res: Resolution, split: Split
 ) -> RankHistory:
-    params = _params(run_id=run_id, start=start, end=end, res=res, split=split)
-    table = RANK_TABLES.get(res.source, RANK_TABLES["1m"])
-    with connection.cursor() as cursor:
-        cursor.execute(_RANK_SQL.format(table=table), params)
-        per_rank = orjson.loads(cursor.fetchone()[0])
-    count, ts = _buckets(start, end, res.step)
+    per_rank, count, ts = _read(_RANK_SQL, RANK_TABLES, run_id, start, end, res=res, split=split)
     return RankHistory(
         resolution_s=res.step,
         start=start,
