@@ -297,6 +297,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     unprocessed = [b[1] - b[2] for b in in_window]
     half = len(unprocessed) // 2
     raw_rate = raw_copy_rate(conninfo, samples_count=min(samples, 1_000_000))
+    limiter_us = rate_limiter_cost(env=stack.env)
     stored = disk_per_sample(conninfo, stack)
 
     print()
@@ -323,6 +324,11 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
         f"live lag        p50 {percentile(probe.lags, 50) * 1000:.0f} ms, "
         f"p99 {percentile(probe.lags, 99) * 1000:.0f} ms  ({len(probe.lags)} probes)"
     )
+    print(
+        f"rate limiter    {limiter_us:.0f} µs per check in-process ({LIMITER_CALLS:,} calls, "
+        f"one Redis round trip each) = {limiter_us / 1e4 / percentile(senders.latencies, 50):.1f}% "
+        f"of the POST p50; the stack above ran with it on (default limit)"
+    )
     print(f"raw COPY        {raw_rate:12,.0f} samples/s  (binary, 1,000-row batches, commit each)")
     print(f"ours / raw      {samples / e2e_s / raw_rate:.2f} (end to end)")
     print(
@@ -335,6 +341,30 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
         f"{percentile(chart_times, 95) / percentile(idle, 95):.2f}"
     )
     return 0
+
+
+LIMITER_CALLS = 10_000
+
+
+def rate_limiter_cost(*, env: dict[str, str]) -> float:
+    """Microseconds per call of the ingest view's rate check (apps.ingest.ratelimit), the
+    real function on the stack's Redis at the default limit: what each POST pays for it."""
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(
+            REDIS_URL=env["REDIS_URL"],
+            REDIS_PREFIX=f"bench-limiter-{uuid.uuid4().hex[:6]}",
+            INGEST_RATE_PER_TOKEN=2000.0,
+            INGEST_RATE_BURST=4000,
+        )
+    from apps.ingest.ratelimit import ingest_rate_take
+
+    ingest_rate_take(token_id=1)  # loads the script once
+    started = time.perf_counter()
+    for call in range(LIMITER_CALLS):
+        ingest_rate_take(token_id=call % 100)  # 100 tokens, each far below its limit
+    return (time.perf_counter() - started) / LIMITER_CALLS * 1e6
 
 
 def raw_copy_rate(conninfo: str, samples_count: int) -> float:

@@ -1,10 +1,17 @@
-"""The agent API, /api/v1/ (contract: shared/contract.md; schema: /api/v1/openapi.json)."""
+"""The agent API, /api/v1/ (contract: docs/contract.md; schema: /api/v1/openapi.json)."""
 
+import json
+import math
+from typing import Any
+
+import orjson
 import pydantic
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
-from ninja import NinjaAPI
+from ninja import NinjaAPI, Swagger
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.renderers import BaseRenderer
+from ninja.responses import NinjaJSONEncoder
 
 from apps.alerts.api import router as alerts_router
 from apps.ingest.api import router as ingest_router
@@ -12,6 +19,34 @@ from apps.ingest.schemas import BatchRejected, IngestBatch, TooManyRecords
 from apps.runs.api import router as runs_router
 from apps.telemetry.api import router as telemetry_router
 from opsboard.errors import FieldError, error_response, validation_errors
+
+
+class StrictJSONRenderer(BaseRenderer):
+    """JSON that any parser reads: NaN and ±Infinity (which json.dumps writes as bare tokens
+    no JSON parser accepts) become null. orjson does that natively, and fast; what it cannot
+    encode (an integer beyond 64 bits, say) goes through json with the same rule."""
+
+    media_type = "application/json"
+
+    def render(self, request: HttpRequest, data: Any, *, response_status: int) -> bytes:
+        try:
+            return orjson.dumps(data, default=_encode_other, option=orjson.OPT_NON_STR_KEYS)
+        except orjson.JSONEncodeError:
+            return json.dumps(_finite(data), cls=NinjaJSONEncoder, allow_nan=False).encode()
+
+
+def _encode_other(value: Any) -> Any:
+    return NinjaJSONEncoder().default(value)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 class OpsboardAPI(NinjaAPI):
@@ -25,7 +60,15 @@ class OpsboardAPI(NinjaAPI):
         return schema
 
 
-api = OpsboardAPI(title="Opsboard agent API", version="1", urls_namespace="api-v1")
+api = OpsboardAPI(
+    title="Opsboard agent API",
+    version="1",
+    urls_namespace="api-v1",
+    renderer=StrictJSONRenderer(),
+    # Swagger UI from our own static files ("ninja" in INSTALLED_APPS), not a CDN: the offline
+    # machines reach nothing outside; and no badge from the public validator service.
+    docs=Swagger(settings={"validatorUrl": None}),
+)
 api.add_router("", ingest_router)
 api.add_router("", telemetry_router)
 api.add_router("", runs_router)

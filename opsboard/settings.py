@@ -65,6 +65,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.postgres",
     "channels",
+    # ninja's templates and static: /api/v1/docs serves Swagger UI from our own files, not a CDN
+    "ninja",
     "apps.clusters",
     "apps.runs",
     "apps.telemetry",
@@ -78,6 +80,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "opsboard.middleware.RequestSanityMiddleware",
     "apps.ingest.middleware.IngestBodyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -86,6 +89,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "apps.live.middleware.LiveCSPMiddleware",
 ]
 
 ROOT_URLCONF = "opsboard.urls"
@@ -144,7 +148,12 @@ REDIS_PREFIX = env("OPSBOARD_REDIS_PREFIX", "opsboard")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_PREFIX}:asgi"},
+        # A consumer waits on BZPOPMIN for 5 s at a time; redis-py's default 5 s socket
+        # timeout cut that wait and dropped every websocket idle for 5 s (no close frame).
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+            "prefix": f"{REDIS_PREFIX}:asgi",
+        },
     }
 }
 
@@ -156,6 +165,20 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Beat's periodic work has a queue of its own, consumed by a worker of its own (`make run`,
+# compose, the test stack): behind ~60 ingest tasks a second, evaluation passes waited in the
+# default queue until they expired, and detection stopped exactly when the system was busiest.
+CELERY_PERIODIC_QUEUE = f"{REDIS_PREFIX}.periodic"
+CELERY_TASK_ROUTES = {
+    name: {"queue": CELERY_PERIODIC_QUEUE}
+    for name in (
+        "alerts.evaluate_all",  # its pass also sweeps webhook deliveries never enqueued
+        "history.rollups_refresh",
+        "history.prune",
+        "telemetry.chunks_compact",
+        "ingest.inbox_sweep",
+    )
+}
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": 1,
     "socket_timeout": 5,
@@ -173,13 +196,17 @@ CELERY_BEAT_SCHEDULE = {
     "inbox-sweep": {"task": "ingest.inbox_sweep", "schedule": INGEST_SWEEP_INTERVAL},
     "chunks-compact": {"task": "telemetry.chunks_compact", "schedule": 60.0},
 }
+# How many of beat's tasks run at once (evaluation never overlaps itself: a Redis lock).
+PERIODIC_WORKER_CONCURRENCY = envint("PERIODIC_WORKER_CONCURRENCY", 2)
 # --- Alerts ------------------------------------------------------------------------------
 # Detectors run over every active cluster this often (a Celery beat task, never on a request).
 ALERT_EVALUATE_INTERVAL = envfloat("ALERT_EVALUATE_INTERVAL", 5.0)
 CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {
     "task": "alerts.evaluate_all",
     "schedule": ALERT_EVALUATE_INTERVAL,
-    # a late evaluation is worthless once the next one is due: do not let them pile up
+    # A late evaluation is worthless once the next one is due: do not let them pile up. An
+    # expired pass is logged and counted (opsboard.celery); the next pass reads the whole
+    # window as of its own time, so it covers the gap.
     "options": {"expires": ALERT_EVALUATE_INTERVAL},
 }
 # An open alert resolves once its condition has been clear this long (heartbeat: at once).
@@ -231,6 +258,12 @@ INGEST_DRAIN_ROWS = envint("INGEST_DRAIN_ROWS", 20)
 # Django's own cap must not cut a body before the ingest middleware judges it.
 DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES + 1024
 INGEST_RETRY_AFTER = envint("INGEST_RETRY_AFTER", 5)
+# Per-token rate limit on POST /api/v1/ingest (a token bucket in Redis, shared by every web
+# worker): batches per second, and how many may come at once. A token is one cluster, whose
+# agents send about one batch per node per few seconds: the default is far above that and only
+# stops a runaway agent. 0 turns the limit off.
+INGEST_RATE_PER_TOKEN = envfloat("INGEST_RATE_PER_TOKEN", 2000.0)
+INGEST_RATE_BURST = envint("INGEST_RATE_BURST", 4000)
 # Samples are merged into one chunk per series per this many seconds once the window is over.
 TELEMETRY_CHUNK_SECONDS = envint("TELEMETRY_CHUNK_SECONDS", 600)
 # The pages open their websocket on this port of the page's host (the ASGI server's, when it
@@ -239,6 +272,8 @@ LIVE_WS_PORT = env("LIVE_WS_PORT")
 LIVE_PUBLISH_INTERVAL = envfloat("LIVE_PUBLISH_INTERVAL", 0.1)
 # A node is sent at most once per this many seconds; its later changes wait and coalesce.
 LIVE_NODE_INTERVAL = envfloat("LIVE_NODE_INTERVAL", 1.0)
+# An open websocket re-checks its login (logout, expiry, deactivation) this often at most.
+LIVE_SESSION_CHECK_S = envfloat("LIVE_SESSION_CHECK_S", 3.0)
 
 # --- Web ---------------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
@@ -281,6 +316,26 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = True
 SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "false" if DEBUG else "true")
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# django-csp. The pages have no inline script, handler or style attribute of their own.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        # 'self' covers ws:/wss: to the page's own host and port; the websocket's own port
+        # (LIVE_WS_PORT) is added per request by apps.live.middleware.
+        "connect-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        # Plotly.js injects a <style> element (style-src-elem) and sets style attributes
+        # (style-src-attr) when it draws; both are refused without 'unsafe-inline' (seen in
+        # Chromium: tests/test_csp.py). Inline *styles* cannot run code; scripts stay 'self'.
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "font-src": ["'self'", "data:"],
+        "frame-ancestors": ["'none'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+    }
+}
 
 LOGGING = {
     "version": 1,

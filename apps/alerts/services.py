@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -34,7 +35,13 @@ from apps.alerts.choices import (
     AlertState,
     WebhookFormat,
 )
-from apps.alerts.models import Alert, AuditEntry, WebhookDelivery, WebhookEndpoint
+from apps.alerts.models import (
+    Alert,
+    AuditEntry,
+    DetectorPass,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from apps.alerts.selectors import (
     alert_json,
     cluster_window,
@@ -44,6 +51,7 @@ from apps.alerts.selectors import (
 from apps.clusters.models import Cluster, Node
 from apps.live.groups import cluster_group
 from apps.live.services import redis_client
+from apps.runs.choices import ENDED_STATES
 from apps.runs.models import Run
 from detectors.types import Finding
 
@@ -54,6 +62,8 @@ RESOLVE_AT_ONCE = frozenset({"heartbeat"})
 # pg_advisory_xact_lock(namespace, cluster id) serialises the syncs of one cluster.
 SYNC_LOCK_NAMESPACE = 0x616C7274  # "alrt"
 EVALUATE_LOCK_TTL_S = 60
+# Redis hash of skipped periodic passes: "<task>:<reason>" → count (selectors.periodic_skips).
+PERIODIC_SKIPS_KEY = "{prefix}:periodic:skipped"
 # A delivery not attempted this long after its alert changed was never enqueued.
 WEBHOOK_SWEEP_AGE_S = 300
 _RELEASE_LOCK = (
@@ -157,8 +167,11 @@ def alerts_sync(*, cluster: Cluster, findings: Iterable[Finding], now: float) ->
             elif visible:
                 result.updated.append(alert.pk)
                 changes.append((alert.pk, None))
+        ended = _ended_runs(alert.run_id for alert in open_alerts.values())
         for alert in open_alerts.values():
-            hold = 0.0 if alert.kind in RESOLVE_AT_ONCE else settings.ALERT_HOLD_DOWN_S
+            # A run that ended (run_end) is not evaluated any more: its alerts resolve at once.
+            at_once = alert.kind in RESOLVE_AT_ONCE or alert.run_id in ended
+            hold = 0.0 if at_once else settings.ALERT_HOLD_DOWN_S
             if now - alert.last_seen_at.timestamp() < hold:
                 continue
             if Alert.objects.filter(pk=alert.pk, state__in=OPEN_STATES).update(
@@ -195,15 +208,27 @@ def alert_acknowledge(*, alert: Alert, user: Any, note: str = "") -> Alert:
 def alerts_evaluate(*, cluster: Cluster, now: float, as_of: bool = False) -> SyncResult | None:
     """Load the cluster's window, run every detector, keep the findings as alerts. None when
     the detectors are not installed (open alerts are then left as they are). `as_of`: the
-    window as it stood at a past `now` (replaying a scenario, see selectors.replay)."""
+    window as it stood at a past `now` (replaying a scenario, see selectors.replay); a live
+    pass (not `as_of`) is recorded as the cluster's DetectorPass."""
     try:
         from detectors import detect_all
     except ImportError:
         logger.warning("detectors.detect_all is unavailable; alerts are not evaluated")
         return None
+    started = time.perf_counter()
     window = cluster_window(cluster=cluster, now=now, as_of=as_of)
     findings = detect_all(window, now, config=detector_config(cluster=cluster))
-    return alerts_sync(cluster=cluster, findings=findings, now=now)
+    result = alerts_sync(cluster=cluster, findings=findings, now=now)
+    if not as_of:
+        DetectorPass.objects.update_or_create(
+            cluster=cluster,
+            defaults={
+                "ran_at": timezone.now(),
+                "duration_s": time.perf_counter() - started,
+                "findings": len(findings),
+            },
+        )
+    return result
 
 
 def alerts_evaluate_all(*, now: float) -> int:
@@ -212,6 +237,10 @@ def alerts_evaluate_all(*, now: float) -> int:
     client = redis_client()
     key, token = f"{settings.REDIS_PREFIX}:alerts:evaluate-lock", uuid.uuid4().hex
     if not client.set(key, token, nx=True, ex=EVALUATE_LOCK_TTL_S):
+        # The previous pass is still running: this one is skipped, and the running one (or
+        # the next) evaluates at its own `now`, so nothing is left unevaluated.
+        logger.warning("an evaluation pass is still running; this one is skipped")
+        periodic_skip_count(task="alerts.evaluate_all", reason="overlap")
         return 0
     evaluated = 0
     try:
@@ -225,6 +254,17 @@ def alerts_evaluate_all(*, now: float) -> int:
     finally:
         client.eval(_RELEASE_LOCK, 1, key, token)
     return evaluated
+
+
+def periodic_skip_count(*, task: str, reason: str) -> None:
+    """Count a periodic pass that did not run (`expired` in the queue, or an `overlap` with
+    a pass still running), per task and reason; best effort (Redis may be what is down)."""
+    try:
+        redis_client().hincrby(
+            PERIODIC_SKIPS_KEY.format(prefix=settings.REDIS_PREFIX), f"{task}:{reason}", 1
+        )
+    except redis.RedisError:
+        logger.warning("could not count a skipped %s pass (%s)", task, reason)
 
 
 def webhooks_sweep(*, now: float) -> int:
@@ -253,11 +293,20 @@ def webhook_body(*, fmt: str, event: str, cluster: str, alert: Mapping[str, Any]
             for name in ("run", "node", "rank", "gpu")
             if alert[name] is not None
         )
-        return {
-            "text": f"[{alert['severity']}] {alert['kind']} {event} on cluster {cluster}"
+        text = (
+            f"[{alert['severity']}] {alert['kind']} {event} on cluster {cluster}"
             f"{f' ({where})' if where else ''}: {alert['summary']}"
-        }
+        )
+        # Names and summaries come from agents: `<!channel>` in a node name must not ping.
+        return {"text": slack_escape(text)}
     return {"event": event, "cluster": cluster, "alert": dict(alert)}
+
+
+def slack_escape(text: str) -> str:
+    """Text shown literally by Slack: its control characters &, <, > as entities (Slack's
+    rules escape only these three). We send no links or mentions of our own, so escaping the
+    whole message leaves nothing of ours to keep."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def webhook_deliver(*, delivery_id: int) -> bool:
@@ -286,6 +335,13 @@ def webhook_deliver(*, delivery_id: int) -> bool:
         delivered_at=timezone.now(), last_error=""
     )
     return True
+
+
+def _ended_runs(run_ids: Iterable[int | None]) -> set[int]:
+    ids = {run_id for run_id in run_ids if run_id is not None}
+    if not ids:
+        return set()
+    return set(Run.objects.filter(pk__in=ids, state__in=ENDED_STATES).values_list("pk", flat=True))
 
 
 def _strongest(findings: Iterable[Finding]) -> dict[tuple[str, str], Finding]:

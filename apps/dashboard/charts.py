@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from django.db import DataError, connection
 
 from apps.clusters.models import Node
 from apps.dashboard import selectors
 from apps.dashboard.selectors import TimeRange
 from apps.history.selectors import metric_history, run_step_history
 from apps.runs.models import Run
+
+logger = logging.getLogger(__name__)
 
 MAX_POINTS = 600
 # Step buckets no narrower than this: narrower than a step, most buckets would hold no step
@@ -39,6 +45,20 @@ NODE_METRICS = {
     "power": ("gpu.power_w", "GPU power", "W", "avg"),
     "throttle": ("gpu.throttle_reasons", "Throttle reasons (NVML bitmask)", "bitmask", "max"),
 }
+
+
+def drawn(chart: str, build: Callable[..., dict], *args: Any) -> dict:
+    """build(*args), or an empty figure saying why when the database cannot add up the
+    stored values: rows stored before ingest bounded its floats (1.7e308 twice) overflow
+    float8 sums, and one such series must not take its whole page down with a 500."""
+    try:
+        return build(*args)
+    except DataError as error:
+        if connection.in_atomic_block:
+            raise  # the transaction is lost: nothing more can be read in it
+        logger.warning("chart %s not drawn: %s", chart, str(error).strip())
+        title = f"{chart}: not drawn, stored values out of range"
+        return {"data": [], "layout": _layout(title, "time", "", None)}
 
 
 def ms(ts: float) -> float:
@@ -62,9 +82,21 @@ def _layout(title: str, x_title: str, y_title: str, tr: TimeRange | None, **extr
     }
 
 
+def finite(values: list) -> list:
+    """The values with None for what is not a finite number: an inf or NaN float, or the
+    strings "Infinity" / "NaN" that Postgres's json functions write for them (rows stored
+    before ingest bounded its floats). A figure must never carry them: the page's JSON
+    parser refuses bare NaN/Infinity, and a string would draw as a category."""
+    return [
+        value if value is None or (isinstance(value, int | float) and math.isfinite(value))
+        else None
+        for value in values
+    ]  # fmt: skip
+
+
 def _line(name: str, ts: list[float], values: list, **extra) -> dict:
     return {"type": "scatter", "mode": "lines", "name": name, "x": [ms(t) for t in ts],
-            "y": list(values), **extra}  # fmt: skip
+            "y": finite(values), **extra}  # fmt: skip
 
 
 # --- run charts ----------------------------------------------------------------------------
@@ -236,7 +268,7 @@ def goodput_figure(ctx: RunContext, tr: TimeRange) -> dict:
         summary = run_summary(run=ctx.run, now=tr.end)
     goodput = summary["goodput"] or {"productive_s": 0.0, "badput_s": {}}
     names = ["productive", *goodput["badput_s"]]
-    seconds = [goodput["productive_s"], *goodput["badput_s"].values()]
+    seconds = finite([goodput["productive_s"], *goodput["badput_s"].values()])
     trace = {"type": "bar", "name": "seconds", "x": names, "y": seconds,
              "marker": {"color": ["#2ca02c"] + ["#d62728"] * (len(names) - 1)}}  # fmt: skip
     return {"data": [trace], "layout": _layout("Goodput and badput", "bucket", "seconds", None)}

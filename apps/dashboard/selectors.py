@@ -4,20 +4,24 @@ Every function here runs a fixed number of queries whatever the number of nodes 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 
 from apps.alerts.choices import OPEN_STATES
 from apps.alerts.models import Alert
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
 from apps.history.selectors import run_rank_history
-from apps.runs.choices import RunState
+from apps.ingest.bounds import MAX_GPUS
+from apps.ingest.models import InboxBatch
+from apps.runs.choices import ENDED_STATES, RunState
 from apps.runs.models import CHECKED, Run, RunEvent, StepReport
 from detectors.config import DEFAULT_CONFIG
 from detectors.sdc import minority_canary, minority_exact
@@ -93,7 +97,24 @@ def run_of(*, cluster: Cluster, name: str) -> Run | None:
 
 
 def node_of(*, cluster: Cluster, name: str) -> Node | None:
-    return Node.objects.filter(cluster=cluster, name=name).first()
+    """The node, with `quarantined_batches`: how many of its batches the worker could not
+    store and set aside (apps.ingest: they count in the node's health)."""
+    quarantined = (
+        InboxBatch.objects.filter(
+            token__cluster_id=OuterRef("cluster_id"),
+            node=OuterRef("name"),
+            quarantined_at__isnull=False,
+        )
+        .order_by()
+        .values("node")
+        .annotate(count=Count("id"))
+        .values("count")
+    )
+    return (
+        Node.objects.filter(cluster=cluster, name=name)
+        .annotate(quarantined_batches=Coalesce(Subquery(quarantined), 0))
+        .first()
+    )
 
 
 def running_runs(*, cluster: Cluster, now: float) -> list[Run]:
@@ -103,6 +124,17 @@ def running_runs(*, cluster: Cluster, now: float) -> list[Run]:
         Run.objects.filter(cluster=cluster, state=RunState.RUNNING)
         .filter(Q(last_step_at__gte=recent) | Q(last_step_at__isnull=True, created_at__gte=recent))
         .order_by("name")
+    )
+
+
+def ended_runs(*, cluster: Cluster, now: float) -> list[Run]:
+    """Runs that ended (run_end: finished or failed) within the alerts' idle limit, newest
+    end first: the overview lists them apart from the running ones."""
+    recent = datetime.fromtimestamp(now - settings.ALERT_IDLE_S, UTC)
+    return list(
+        Run.objects.filter(cluster=cluster, state__in=ENDED_STATES, ended_at__gte=recent).order_by(
+            "-ended_at", "name"
+        )
     )
 
 
@@ -159,21 +191,28 @@ def _worse(a: str, b: str) -> str:
     return a if TILE_ORDER.index(a) >= TILE_ORDER.index(b) else b
 
 
+def node_gpu_count(node: dict[str, Any]) -> int:
+    """How many GPUs a node (node_health_list's shape) has: node_info.gpus, or more where it
+    reported a higher GPU index. Not capped: rows stored before ingest bounded both can claim
+    millions, which is why the pages draw at most MAX_GPUS tiles."""
+    claimed = node["gpus"] if type(node["gpus"]) is int else 0  # JSON: any type may be there
+    indexes = [int(key) for key in node["health"] if key.isdigit()]  # "host" is not a GPU
+    return max([claimed, *(gpu + 1 for gpu in indexes)])
+
+
 def node_tiles(
     *, node: dict[str, Any], alerts: list[dict[str, Any]], now: float
 ) -> list[dict[str, Any]]:
-    """One tile per GPU of a node (node_health_list's shape) with its state: down (node down,
-    silent, or a heartbeat alert), cordoned (cordoned or draining), nodata (no GPU reading),
-    else the worse of the GPU's own health and its open alerts' severity (alerts on the node
-    without a GPU count for every GPU)."""
+    """One tile per GPU of a node (node_health_list's shape; the first MAX_GPUS of them)
+    with its state: down (node down, silent, or a heartbeat alert), cordoned (cordoned or
+    draining), nodata (no GPU reading), else the worse of the GPU's own health and its open
+    alerts' severity (alerts on the node without a GPU count for every GPU)."""
     mine = [a for a in alerts if a["node"] == node["node"] and a["state"] in OPEN_STATES]
     silent = node["last_seen"] is None or now - node["last_seen"] > HEALTH_RULES["silent_down_s"]
     down = node["state"] == NodeState.DOWN or silent or any(a["kind"] == "heartbeat" for a in mine)
     cordoned = node["state"] in (NodeState.CORDONED, NodeState.DRAINING)
-    gpus = sorted(int(key) for key in node["health"] if key != "host")
-    count = max([node["gpus"] or 0, *(g + 1 for g in gpus)])
     tiles = []
-    for gpu in range(count):
+    for gpu in range(min(node_gpu_count(node), MAX_GPUS)):
         values = node["health"].get(str(gpu))
         if down:
             state = "down"
@@ -307,10 +346,18 @@ def rank_busy_history(
     "resolution_s"}, without the buckets where no rank reported."""
     history = run_rank_history(run_id=run.id, start=start, end=end, max_points=max_points)
     used = [i for i in range(len(history.ts)) if any(row[i] is not None for row in history.busy)]
-    z = [[None if row[i] is None else round(row[i], 6) for i in used] for row in history.busy]
+    z = [[_rounded(row[i]) for i in used] for row in history.busy]
     return {
         "ts": [history.ts[i] for i in used],
         "ranks": history.ranks,
         "z": z,
         "resolution_s": history.resolution_s,
     }
+
+
+def _rounded(value: Any) -> float | None:
+    """A mean to 6 places; None where there is none or it is not a finite number (Postgres's
+    json writes a non-finite one as the string "Infinity" or "NaN")."""
+    if isinstance(value, int | float) and math.isfinite(value):
+        return round(value, 6)
+    return None

@@ -4,26 +4,31 @@ from __future__ import annotations
 
 import time
 
+import orjson
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.alerts.choices import OPEN_STATES, AlertState
-from apps.alerts.selectors import alert_get, alert_json
+from apps.alerts.selectors import alert_get, alert_json, detector_pass_status
 from apps.alerts.services import AlertAlreadyAcknowledged, AlertResolved, alert_acknowledge
 from apps.clusters.selectors import cluster_list
 from apps.dashboard import charts, selectors
 from apps.dashboard.selectors import HEALTH_RULES, RANGES, RangeInvalid, TimeRange
+from apps.ingest.bounds import MAX_GPUS
 from apps.live.selectors import node_health_list
 from apps.runs.selectors import run_summary
+from apps.telemetry.selectors import health_series, series_grouped
 from opsboard.errors import error_response
 
 ACKNOWLEDGE_PERMISSION = "alerts.acknowledge_alert"
 DEFAULT_RANGE = "1h"
+NODE_PLACEHOLDER = "__node__"
 
 
 def _cluster_or_404(name: str):
@@ -54,22 +59,41 @@ def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
     nodes = node_health_list(cluster_id=found.id)
     alert_rows = selectors.open_alerts(cluster=found)
     open_alerts = [alert_json(a) for a in alert_rows]
-    rows = [{**node, "tiles": selectors.node_tiles(node=node, alerts=open_alerts, now=now)}
-            for node in nodes]  # fmt: skip
+    rows = [_tiled(node, open_alerts, now) for node in nodes]
     tiles = [tile for row in rows for tile in row["tiles"]]
     context = {
         "cluster": found,
         "nodes": rows,
         "runs": selectors.running_runs(cluster=found, now=now),
+        "ended_runs": selectors.ended_runs(cluster=found, now=now),
+        "detectors": detector_pass_status(cluster=found, now=now),
         "healthy_gpus": sum(tile["state"] == "ok" for tile in tiles),
         "total_gpus": len(tiles),
         "firing": sum(a["state"] == AlertState.FIRING for a in open_alerts),
         "newest_alert_rows": alert_rows[: selectors.OVERVIEW_ALERTS],
         "tile_states": selectors.TILE_STATES,
-        "page_data": {"nodes": nodes, "alerts": open_alerts, "rules": HEALTH_RULES},
+        "page_data": {
+            "nodes": nodes,
+            "alerts": open_alerts,
+            "rules": HEALTH_RULES,
+            **_tile_config(found.name),
+        },
         "live": _live_config([found.name]),
     }
     return render(request, "dashboard/overview.html", context)
+
+
+def _tiled(node: dict, open_alerts: list[dict], now: float) -> dict:
+    """The node with its tiles (at most MAX_GPUS) and how many GPUs they leave out."""
+    tiles = selectors.node_tiles(node=node, alerts=open_alerts, now=now)
+    return {**node, "tiles": tiles, "gpus_not_shown": selectors.node_gpu_count(node) - len(tiles)}
+
+
+def _tile_config(cluster: str) -> dict:
+    """For overview.js: the tile cap, and a node's URL with NODE_PLACEHOLDER for the
+    percent-encoded name (reversed here, so the JS never spells the URL scheme)."""
+    node_url = reverse("node-detail", kwargs={"cluster": cluster, "node": NODE_PLACEHOLDER})
+    return {"max_gpus": MAX_GPUS, "node_url": node_url, "node_placeholder": NODE_PLACEHOLDER}
 
 
 def _range_key(request: HttpRequest, default: str) -> str:
@@ -87,10 +111,15 @@ def _page_range(
         return selectors.time_range(key=DEFAULT_RANGE, now=now, began=began)
 
 
-def _chart_panels(names, figures: dict[str, dict], base_url: str, tr: TimeRange) -> list[dict]:
+def _chart_panels(
+    names, figures: dict[str, dict], url_name: str, names_kwargs: dict, tr: TimeRange
+) -> list[dict]:
+    """A panel per chart; its url, to which the page appends ".json" or ".csv", is reversed
+    (so quoted) from the names: a node named "a?b" still gets a working chart link."""
     return [
         {"name": name, "figure_id": f"figure-{name}", "figure": figures[name],
-         "url": f"{base_url}charts/{name}", "range": tr.key}
+         "url": reverse(url_name, kwargs={**names_kwargs, "chart": name}).removesuffix(".json"),
+         "range": tr.key}
         for name in names
     ]  # fmt: skip
 
@@ -108,7 +137,9 @@ def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
     tr = _page_range(request, default, now, began)
     summary = run_summary(run=run_found, now=now)
     ctx = charts.RunContext(run=run_found, began=began, summary=summary)
-    figures = {name: build(ctx, tr) for name, build in charts.RUN_CHARTS.items()}
+    figures = {
+        name: charts.drawn(name, build, ctx, tr) for name, build in charts.RUN_CHARTS.items()
+    }
     alerts = selectors.alerts_filtered(
         cluster=found, run=run_found.name, limit=selectors.PAGE_ALERTS
     )
@@ -116,7 +147,9 @@ def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
         "cluster": found,
         "run": run_found,
         "summary": summary,
-        "panels": _chart_panels(charts.RUN_CHARTS, figures, request.path, tr),
+        "panels": _chart_panels(
+            charts.RUN_CHARTS, figures, "run-chart-json", {"cluster": cluster, "run": run}, tr
+        ),
         "alerts": alerts,
         "checks": charts.run_checks(ctx, tr),
         "ranges": RANGES,
@@ -135,19 +168,27 @@ def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
         raise Http404("no such node")
     now = time.time()
     tr = _page_range(request, DEFAULT_RANGE, now)
-    figures = {name: charts.node_metric_figure(node_found, name, tr) for name in charts.NODE_CHARTS}
+    figures = {
+        name: charts.drawn(name, charts.node_metric_figure, node_found, name, tr)
+        for name in charts.NODE_CHARTS
+    }
     alerts = selectors.alerts_filtered(
         cluster=found, node=node_found.name, limit=selectors.PAGE_ALERTS
     )
     health = node_health_list(node_ids=[node_found.id])[0]
     open_alerts = [alert_json(a) for a in alerts if a.state in OPEN_STATES]
+    tiled = _tiled(health, open_alerts, now)
     context = {
         "cluster": found,
         "node": node_found,
         "health": health,
-        "tiles": selectors.node_tiles(node=health, alerts=open_alerts, now=now),
-        "panels": _chart_panels(charts.NODE_CHARTS, figures, request.path, tr),
+        "tiles": tiled["tiles"],
+        "gpus_not_shown": tiled["gpus_not_shown"],
+        "panels": _chart_panels(
+            charts.NODE_CHARTS, figures, "node-chart-json", {"cluster": cluster, "node": node}, tr
+        ),
         "events": selectors.node_events(node=node_found),
+        "series": _node_series(request, health["health"]),
         "alerts": alerts,
         "ranges": RANGES,
         "live": _live_config([found.name]),
@@ -156,9 +197,33 @@ def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
             "nodes": [health],
             "alerts": open_alerts,
             "rules": HEALTH_RULES,
+            **_tile_config(found.name),
         },
     }
     return render(request, "dashboard/node.html", context)
+
+
+SERIES_LISTED_MAX = 500
+
+
+def _node_series(request: HttpRequest, health: dict) -> dict:
+    """The node's series grouped by source, from the health rows already read (no query);
+    with ?source= the series of that scrape target and their latest values."""
+    rows = {None if key == "host" else int(key): values for key, values in health.items()}
+    source = request.GET.get("source") or None
+    grouped = series_grouped(
+        series=health_series({gpu: [m for m in v if m != "ts"] for gpu, v in rows.items()}),
+        source=source,
+    )
+    listed = grouped["series"] if source else []
+    for entry in listed[:SERIES_LISTED_MAX]:
+        entry["value"] = rows[entry["gpu"]][entry["metric"]]
+    return {
+        "source": source,
+        "sources": grouped["sources"],
+        "listed": listed[:SERIES_LISTED_MAX],
+        "not_shown": max(0, len(listed) - SERIES_LISTED_MAX),
+    }
 
 
 ALERT_FILTERS = ("cluster", "kind", "state", "run", "node")
@@ -216,7 +281,8 @@ def _chart_response(figure: dict, tr: TimeRange, chart: str, fmt: str) -> HttpRe
         response["Content-Disposition"] = f'attachment; filename="{chart}-{tr.key}.csv"'
         return response
     body = {"chart": chart, "range": tr.key, "start": tr.start, "end": tr.end, "figure": figure}
-    return JsonResponse(body, json_dumps_params={"allow_nan": False, "default": str})
+    # orjson writes a NaN or infinite float as null: the answer is always JSON
+    return HttpResponse(orjson.dumps(body, default=str), content_type="application/json")
 
 
 def _chart_range(request: HttpRequest, **kwargs) -> TimeRange | HttpResponse:
@@ -240,7 +306,7 @@ def run_chart(request: HttpRequest, cluster: str, run: str, chart: str, fmt: str
     if isinstance(tr, HttpResponse):
         return tr
     ctx = charts.RunContext(run=run_found, began=began)
-    figure = charts.RUN_CHARTS[chart](ctx, tr)
+    figure = charts.drawn(chart, charts.RUN_CHARTS[chart], ctx, tr)
     return _chart_response(figure, tr, chart, fmt)
 
 
@@ -254,4 +320,5 @@ def node_chart(request: HttpRequest, cluster: str, node: str, chart: str, fmt: s
     tr = _chart_range(request)
     if isinstance(tr, HttpResponse):
         return tr
-    return _chart_response(charts.node_metric_figure(node_found, chart, tr), tr, chart, fmt)
+    figure = charts.drawn(chart, charts.node_metric_figure, node_found, chart, tr)
+    return _chart_response(figure, tr, chart, fmt)

@@ -2,8 +2,10 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from apps.ingest.auth import agent_auth
+from apps.ingest.ratelimit import ingest_rate_take
 from apps.ingest.schemas import Errors, IngestAccepted, IngestBatch, IngestDuplicate
 from apps.ingest.services import batch_accept
+from opsboard.errors import error_response
 
 router = Router(tags=["ingest"])
 
@@ -27,6 +29,7 @@ BODY_DOC = {
         400: Errors,
         401: Errors,
         413: Errors,
+        429: Errors,
         503: Errors,
     },
     summary="Post one batch of telemetry, step reports and events from one node",
@@ -34,6 +37,10 @@ BODY_DOC = {
 )
 def ingest(request: HttpRequest):
     """202 means the batch is committed to the Postgres inbox: it will be stored exactly once."""
+    # After auth (the bucket is the token's), before the body is parsed (the cost we spare).
+    wait = ingest_rate_take(token_id=request.agent_token.id)
+    if wait:
+        return _rate_limited(wait)
     batch = IngestBatch.model_validate_json(request.body)
     wire_body = getattr(request, "ingest_wire_body", None)
     inbox_id = batch_accept(
@@ -50,3 +57,12 @@ def ingest(request: HttpRequest):
         "events": len(batch.events),
     }
     return Status(202, {"batch_id": batch.batch_id, "accepted": accepted})
+
+
+def _rate_limited(wait: int):
+    response = error_response(
+        429,
+        [{"loc": "Authorization", "msg": "this token sends more batches than its rate limit"}],
+    )
+    response["Retry-After"] = str(wait)
+    return response

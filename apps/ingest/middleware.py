@@ -1,7 +1,8 @@
 """Size limit and gzip decoding for the ingest endpoint, before Django parses anything.
 
 The limit is on the *decoded* body (contract: 8 MiB), so a small gzip bomb is cut off
-while it is inflated, not after.
+while it is inflated, not after. A gzip body is one member with nothing after it, as the
+worker reads it (apps.ingest.models.decode_payload).
 """
 
 import zlib
@@ -42,6 +43,13 @@ class IngestBodyMiddleware:
             if not inflater.eof:
                 return error_response(
                     400, [{"loc": "body", "msg": "not a valid gzip stream (truncated)"}]
+                )
+            if inflater.unused_data:
+                # a second member would be inflated by a reader that takes every member
+                # (each under the limit, their sum not): one member, nothing after it
+                return error_response(
+                    400,
+                    [{"loc": "body", "msg": "one gzip member only, with nothing after it"}],
                 )
             request._body = decoded
             request.ingest_wire_body = body  # stored as it came (see InboxBatch.payload)

@@ -1,5 +1,6 @@
-import gzip
+import zlib
 
+from django.conf import settings
 from django.db import models
 
 from apps.clusters.models import AgentToken
@@ -10,6 +11,9 @@ class InboxBatch(models.Model):
 
     The worker stores its records and sets `processed_at` in the same transaction; the
     payload is then cleared, the row stays as the idempotency record of its batch_id.
+    A batch that cannot be stored for a permanent reason is *quarantined* instead: it is
+    processed (never claimed again), `quarantined_at` and `error` say why, and the payload
+    is kept for inspection and for a retry (admin action, `batches_release`).
     """
 
     token = models.ForeignKey(AgentToken, on_delete=models.PROTECT, related_name="+")
@@ -20,6 +24,14 @@ class InboxBatch(models.Model):
     # the bytes for Postgres. The worker inflates it.
     payload_encoding = models.CharField(max_length=8, default="identity")
     processed_at = models.DateTimeField(null=True, blank=True)
+    quarantined_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(
+        blank=True, default="", db_default="", help_text="why the batch was quarantined"
+    )
+    # The node name read from the body when it could be (a quarantined batch counts in its
+    # node's health); empty when the body is unreadable or the name itself unstorable.
+    # (db_default: batch_accept inserts with SQL of its own)
+    node = models.CharField(max_length=255, blank=True, default="", db_default="")
 
     class Meta:
         constraints = [
@@ -30,7 +42,12 @@ class InboxBatch(models.Model):
                 fields=["id"],
                 name="inbox_unprocessed",
                 condition=models.Q(processed_at__isnull=True),
-            )
+            ),
+            models.Index(
+                fields=["token", "node"],
+                name="inbox_quarantined",
+                condition=models.Q(quarantined_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -38,9 +55,43 @@ class InboxBatch(models.Model):
 
     @property
     def body(self) -> bytes:
-        """The JSON body (inflated), or b"" once processed."""
+        """The JSON body (inflated, at most INGEST_MAX_BODY_BYTES), or b"" once stored."""
         return decode_payload(bytes(self.payload or b""), self.payload_encoding)
 
 
+class QuarantinedBatch(InboxBatch):
+    """The inbox rows the worker set aside, as the admin lists them."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "quarantined batch"
+        verbose_name_plural = "quarantined batches"
+
+
+class PayloadError(ValueError):
+    """A stored payload that cannot be decoded: a permanent error (the batch is quarantined)."""
+
+
 def decode_payload(payload: bytes, encoding: str) -> bytes:
-    return gzip.decompress(payload) if encoding == "gzip" and payload else payload
+    """The JSON body of an inbox payload, inflated when gzip.
+
+    Bounded like the edge: at most INGEST_MAX_BODY_BYTES decoded (inflated into a buffer of
+    that size, never further), exactly one gzip member, no trailing bytes. Raises
+    PayloadError otherwise."""
+    limit = settings.INGEST_MAX_BODY_BYTES
+    if encoding != "gzip" or not payload:
+        if len(payload) > limit:
+            raise PayloadError(f"body over {limit} bytes")
+        return payload
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        body = inflater.decompress(payload, limit + 1)
+    except zlib.error as exc:
+        raise PayloadError(f"not a valid gzip stream: {exc}") from exc
+    if len(body) > limit or inflater.unconsumed_tail:
+        raise PayloadError(f"decoded body over {limit} bytes")
+    if not inflater.eof:
+        raise PayloadError("not a valid gzip stream (truncated)")
+    if inflater.unused_data:
+        raise PayloadError("bytes after the gzip member (a second member or trailing data)")
+    return body

@@ -2,6 +2,12 @@
 
 Validation here is complete: a batch that passes is stored by the worker without further
 checks, so every rule of the contract that can make a batch invalid lives in this module.
+The bounds it applies (what each column, rollup and page can take) live in
+apps.ingest.bounds.
+
+The models are strict: the worker stores the raw body, not these models, so a value that
+pydantic would coerce ("1" or 1.0 for an integer, true for a number) is refused rather than
+converted here and stored unconverted there.
 """
 
 from __future__ import annotations
@@ -14,15 +20,45 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StringConstraints,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from apps.ingest.bounds import (
+    EXTRA_KEY_PATTERN,
+    NODE_INFO_MAX_EXTRAS,
+    BatchId,
+    Bytes,
+    Checksum,
+    Code,
+    Count,
+    CpuCount,
+    ExtraKey,
+    Gpu,
+    GpuCount,
+    GpuModel,
+    Level,
+    MemBytes,
+    Message,
+    Metric,
+    Name,
+    NodeInfoExtra,
+    Path,
+    Rank,
+    Real,
+    RecordExtra,
+    Seconds,
+    Shard,
+    StepNumber,
+    Tokens,
+    bound_message,
+)
+from opsboard.errors import validation_errors
+
 FUTURE_LIMIT_S = 5 * 60
 PAST_LIMIT_S = 7 * 24 * 3600
-METRIC_PATTERN = r"^[A-Za-z_:][A-Za-z0-9_:.]*$"
 
 
 class TooManyRecords(Exception):
@@ -39,58 +75,68 @@ class BatchRejected(Exception):
 
 # Checked in Rust by pydantic: no Python call per field (a 1,000-sample batch validates in
 # about 1 ms this way; Python validators per record tripled that).
-Finite = Annotated[float, Field(allow_inf_nan=False)]
 Ts = Annotated[float, Field(allow_inf_nan=False, description="Unix seconds, UTC")]
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
-class Sample(BaseModel):
+class Record(BaseModel):
+    """Strict types; unknown fields kept (newer agents add optional ones) when storable."""
+
+    model_config = ConfigDict(
+        strict=True,
+        extra="allow",
+        json_schema_extra={"propertyNames": {"pattern": EXTRA_KEY_PATTERN}},
+    )
+    # Every value of the body is validated, unknown ones included: the worker parses the
+    # raw body again, and a NaN token or a NUL that was skipped here would fail there.
+    __pydantic_extra__: dict[ExtraKey, RecordExtra] = Field(init=False)
+
+
+class Sample(Record):
     ts: Ts
-    metric: Annotated[str, StringConstraints(max_length=128, pattern=METRIC_PATTERN)]
-    gpu: Annotated[int, Field(ge=0, le=32767)] | None = None
-    value: Finite
+    metric: Metric
+    gpu: Gpu | None = None
+    value: Real
 
 
-class Canary(BaseModel):
-    norm: Finite
-    proj: list[Finite] = Field(default_factory=list, max_length=64)
+class Canary(Record):
+    norm: Real
+    proj: list[Real] = Field(default_factory=list, max_length=64)
 
 
-Checksum = Annotated[str, StringConstraints(max_length=64, pattern=r"^[0-9a-fA-F]+$")]
-
-
-class Step(BaseModel):
+class Step(Record):
     ts: Ts
-    rank: Annotated[int, Field(ge=0)]
-    step: Annotated[int, Field(ge=0)]
+    rank: Rank
+    step: StepNumber
     step_time: Seconds
     data_time: Seconds | None = None
     h2d_time: Seconds | None = None
     compute_time: Seconds | None = None
     comm_wait: Seconds | None = None
-    tokens: Annotated[int, Field(ge=0)] | None = None
-    loss: Finite | None = None
+    tokens: Tokens | None = None
+    loss: Real | None = None
     grad_checksum: Checksum | None = None
     param_checksum: Checksum | None = None
     canary: Canary | None = None
-    shard: Annotated[str, StringConstraints(max_length=128)] | None = None
+    shard: Shard | None = None
 
 
-class Event(BaseModel):
+class Event(Record):
     ts: Ts
-    kind: Literal["checkpoint", "restart", "oom", "xid", "ecc", "error", "log"]
-    step: Annotated[int, Field(ge=0)] | None = None
+    # run_end (an extension of the contract, docs/api.md): the run ended, `state` finished
+    # or failed, `message` optional; sent by the reporter's close() and at exit.
+    kind: Literal["checkpoint", "restart", "oom", "xid", "ecc", "error", "log", "run_end"]
+    step: StepNumber | None = None
     tier: Literal["local", "durable"] | None = None
-    state: Literal["started", "completed", "failed"] | None = None
-    path: Annotated[str, StringConstraints(max_length=4096)] | None = None
-    bytes: Annotated[int, Field(ge=0)] | None = None
+    state: Literal["started", "completed", "failed", "finished"] | None = None
+    path: Path | None = None
+    bytes: Bytes | None = None
     duration: Seconds | None = None
-    rank: Annotated[int, Field(ge=0)] | None = None
-    gpu: Annotated[int, Field(ge=0)] | None = None
-    code: int | None = None
-    count: Annotated[int, Field(ge=0)] | None = None
-    message: Annotated[str, StringConstraints(max_length=8192)] | None = None
-    level: Annotated[str, StringConstraints(max_length=16)] | None = None
+    rank: Rank | None = None
+    gpu: Gpu | None = None
+    code: Code | None = None
+    count: Count | None = None
+    message: Message | None = None
+    level: Level | None = None
 
     @model_validator(mode="after")
     def fields_of_kind(self) -> Event:
@@ -98,47 +144,85 @@ class Event(BaseModel):
             "checkpoint": ("step", "tier", "state"),
             "xid": ("gpu", "code"),
             "ecc": ("gpu", "count"),
+            "run_end": ("state",),
         }.get(self.kind, ())
         missing = [name for name in required if getattr(self, name) is None]
         if missing:
             raise ValueError(f"a {self.kind} event needs {', '.join(missing)}")
+        if self.kind == "run_end" and self.state not in ("finished", "failed"):
+            raise ValueError("a run_end event's state is finished or failed")
+        if self.kind == "checkpoint" and self.state == "finished":
+            raise ValueError("a checkpoint event's state is started, completed or failed")
         return self
 
 
 class NodeInfo(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """The node's description, stored as sent and drawn on its page: known fields bounded,
+    extra ones only as bounded scalars under plain keys, at most 32 of them."""
 
-    gpus: Annotated[int, Field(ge=0)] | None = None
-    gpu_model: Annotated[str, StringConstraints(max_length=256)] | None = None
-    cpus: Annotated[int, Field(ge=0)] | None = None
-    mem_bytes: Annotated[int, Field(ge=0)] | None = None
+    model_config = ConfigDict(
+        strict=True,
+        extra="allow",
+        json_schema_extra={
+            "propertyNames": {"pattern": EXTRA_KEY_PATTERN},
+            "maxProperties": 4 + NODE_INFO_MAX_EXTRAS,  # the known four and the extras
+        },
+    )
+    __pydantic_extra__: dict[ExtraKey, NodeInfoExtra] = Field(init=False)
+
+    gpus: GpuCount | None = None
+    gpu_model: GpuModel | None = None
+    cpus: CpuCount | None = None
+    mem_bytes: MemBytes | None = None
+
+    @model_validator(mode="after")
+    def few_extras(self) -> NodeInfo:
+        if len(self.__pydantic_extra__ or ()) > NODE_INFO_MAX_EXTRAS:
+            raise ValueError(f"at most {NODE_INFO_MAX_EXTRAS} extra fields")
+        return self
 
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\s/]+$")]
+# The record limit is checked in Rust as each list's length and after validation as their
+# sum: a "before" validator that counted them made pydantic build the whole body as Python
+# objects first, which doubled the cost of every batch.
+Records = Field(default_factory=list, max_length=settings.INGEST_MAX_RECORDS)
 
 
-class IngestBatch(BaseModel):
-    batch_id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+class IngestBatch(Record):
+    batch_id: BatchId
     node: Name
     node_info: NodeInfo | None = None
-    samples: list[Sample] = Field(default_factory=list)
-    steps: list[Step] = Field(default_factory=list)
-    events: list[Event] = Field(default_factory=list)
+    samples: list[Sample] = Records
+    steps: list[Step] = Records
+    events: list[Event] = Records
     # declared after `steps` so that its validator can see them
     run: Name | None = Field(default=None, validate_default=True)
 
-    @model_validator(mode="before")
     @classmethod
-    def record_limit(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            count = sum(
-                len(data[key])
-                for key in ("samples", "steps", "events")
-                if isinstance(data.get(key), list)
-            )
-            if count > settings.INGEST_MAX_RECORDS:
-                raise TooManyRecords(f"{count} records, at most {settings.INGEST_MAX_RECORDS}")
-        return data
+    def model_validate_json(cls, json_data: str | bytes, **kwargs: Any) -> IngestBatch:
+        """Pydantic's, with the contract's wording for broken bounds: raises BatchRejected
+        (400, one {loc, msg} per bad field) instead of pydantic's ValidationError."""
+        try:
+            return super().model_validate_json(json_data, **kwargs)
+        except ValidationError as exc:
+            raw = exc.errors(include_url=False)
+            too_long = [e for e in raw if e["type"] == "too_long" and len(e["loc"]) == 1]
+            if too_long:
+                count = max(error["ctx"]["actual_length"] or 0 for error in too_long)
+                raise TooManyRecords(
+                    f"{count} records, at most {settings.INGEST_MAX_RECORDS}"
+                ) from exc
+            errors = validation_errors(raw)
+            for item, error in zip(errors, raw, strict=True):
+                item["msg"] = bound_message(error) or item["msg"]
+            raise BatchRejected(errors) from exc
+
+    @model_validator(mode="after")
+    def record_limit(self) -> IngestBatch:
+        count = len(self.samples) + len(self.steps) + len(self.events)
+        if count > settings.INGEST_MAX_RECORDS:
+            raise TooManyRecords(f"{count} records, at most {settings.INGEST_MAX_RECORDS}")
+        return self
 
     @model_validator(mode="after")
     def ts_in_window(self) -> IngestBatch:
@@ -166,6 +250,8 @@ class IngestBatch(BaseModel):
     def run_with_steps(cls, run: str | None, info: ValidationInfo) -> str | None:
         if not run and info.data.get("steps"):
             raise ValueError("required when steps is not empty")
+        if not run and any(e.kind == "run_end" for e in info.data.get("events") or ()):
+            raise ValueError("required with a run_end event")
         return run
 
 

@@ -11,9 +11,11 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+import psycopg
+from django import db
 from django.db import connection, transaction
 
-from apps.clusters.models import AgentToken
+from apps.clusters.models import AgentToken, Node
 from apps.clusters.services import nodes_touch
 from apps.ingest.models import decode_payload
 from apps.live.services import live_mark_dirty
@@ -24,6 +26,7 @@ from opsboard.db import server_cursor
 logger = logging.getLogger(__name__)
 
 BROKER_BACKOFF_S = 5.0
+NODE_NAME_MAX = Node._meta.get_field("name").max_length
 
 
 def batch_accept(
@@ -94,30 +97,123 @@ def inbox_drain(*, first_id: int | None, limit: int) -> DrainResult:
     """Store up to `limit` unprocessed inbox rows (`first_id` first) in one transaction.
 
     Rows locked by another worker are skipped, a processed row is never stored again, so
-    running this twice for the same id, or concurrently, stores every batch exactly once."""
+    running this twice for the same id, or concurrently, stores every batch exactly once.
+    Every row claimed leaves processed: stored, or quarantined when it fails alone for a
+    permanent reason (see `store_failure_is_permanent`), so a bad batch never blocks the
+    others nor comes back. A transient error (connection, serialisation, deadlock) rolls
+    the whole drain back and propagates, for the task to retry."""
     with transaction.atomic():
         rows = _claim(first_id=first_id, limit=limit)
         if not rows:
             return DrainResult()
-        stored = batches_store(
-            batches=[
-                ClaimedBatch(
-                    cluster_id=row[1],
-                    received_at=row[2],
-                    body=orjson.loads(decode_payload(bytes(row[3]), row[4])),
-                )
-                for row in rows
-            ]
-        )
+        try:
+            with transaction.atomic():  # the fast path: every row in one go
+                stored = batches_store(batches=[_claimed(row) for row in rows])
+            stored_ids = [row[0] for row in rows]
+        except Exception as exc:
+            if not store_failure_is_permanent(exc):
+                raise
+            stored, stored_ids = _rows_store_singly(rows=rows)
         with connection.cursor() as cursor:
             cursor.execute(
                 "UPDATE ingest_inboxbatch SET processed_at = now(), payload = NULL"
                 " WHERE id = ANY(%s)",
-                [[row[0] for row in rows]],
+                [stored_ids],
             )
-        stored.batches = len(rows)
+        stored.batches = len(stored_ids)
         transaction.on_commit(lambda: live_mark_dirty(nodes=stored.nodes))
     return stored
+
+
+# Retrying these may succeed: the connection, the server or a concurrent transaction
+# (serialisation failure 40001 and deadlock 40P01 are OperationalErrors) was at fault.
+# Anything else raised while storing a batch comes back on every retry: its data is.
+TRANSIENT_ERRORS = (
+    db.OperationalError,
+    db.InterfaceError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+
+
+def store_failure_is_permanent(exc: Exception) -> bool:
+    return not isinstance(exc, TRANSIENT_ERRORS)
+
+
+def _claimed(row: tuple) -> ClaimedBatch:
+    return ClaimedBatch(
+        cluster_id=row[1],
+        received_at=row[2],
+        body=orjson.loads(decode_payload(bytes(row[3]), row[4])),
+    )
+
+
+def _rows_store_singly(*, rows: list[tuple]) -> tuple[DrainResult, list[int]]:
+    """Store each row in a savepoint of its own and quarantine those that fail alone."""
+    total, stored_ids = DrainResult(), []
+    for row in rows:
+        result = _row_store(row=row)
+        if result is None:
+            continue
+        stored_ids.append(row[0])
+        total.samples += result.samples
+        total.steps += result.steps
+        total.events += result.events
+        total.nodes |= result.nodes
+    return total, stored_ids
+
+
+def _row_store(*, row: tuple) -> DrainResult | None:
+    """Store one row in a savepoint of its own; None when it failed and was quarantined."""
+    try:
+        with transaction.atomic():
+            return batches_store(batches=[_claimed(row)])
+    except Exception as exc:
+        if not store_failure_is_permanent(exc):
+            raise
+        _quarantine(row=row, error=exc)
+    return None
+
+
+ERROR_MAX_CHARS = 2000
+
+
+def _quarantine(*, row: tuple, error: Exception) -> None:
+    message = f"{type(error).__name__}: {error}".replace("\x00", "\\x00")[:ERROR_MAX_CHARS]
+    logger.warning("inbox row %s quarantined: %s", row[0], message)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ingest_inboxbatch SET processed_at = now(), quarantined_at = now(),"
+            " error = %s, node = %s WHERE id = %s",
+            [message, _node_name(row), row[0]],
+        )
+
+
+def _node_name(row: tuple) -> str:
+    """The batch's node name, when the body yields a storable one (else "")."""
+    try:
+        name = orjson.loads(decode_payload(bytes(row[3]), row[4])).get("node")
+    except Exception:  # an unreadable body: the error says why
+        return ""
+    if isinstance(name, str) and len(name) <= NODE_NAME_MAX and "\x00" not in name:
+        return name
+    return ""
+
+
+def batches_release(*, ids: list[int]) -> list[int]:
+    """Take these batches out of quarantine and enqueue them again (after a fix); returns
+    the ids released. A batch that fails again is quarantined again."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ingest_inboxbatch SET processed_at = NULL, quarantined_at = NULL,"
+            " error = '', node = '' WHERE id = ANY(%s) AND quarantined_at IS NOT NULL"
+            " RETURNING id",
+            [list(ids)],
+        )
+        released = sorted(row[0] for row in cursor.fetchall())
+    for inbox_id in released:
+        transaction.on_commit(lambda inbox_id=inbox_id: batch_enqueue(inbox_id=inbox_id))
+    return released
 
 
 @dataclass(frozen=True)
@@ -135,7 +231,9 @@ def batches_store(*, batches: list[ClaimedBatch]) -> DrainResult:
         seen={
             (b.cluster_id, b.body["node"]): (b.received_at, b.body.get("node_info"))
             for b in batches
-        }
+        },
+        # a batch without a run comes from a node agent: only such nodes can go missing
+        agents={(b.cluster_id, b.body["node"]) for b in batches if not b.body.get("run")},
     )
     runs_seen: dict[tuple[int, str], RunSeen] = defaultdict(RunSeen)
     for batch in batches:

@@ -1,6 +1,5 @@
 from celery import shared_task
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
 
 from apps.ingest import services
 
@@ -9,7 +8,9 @@ from apps.ingest import services
     name="ingest.batch_process",
     acks_late=True,
     reject_on_worker_lost=True,
-    autoretry_for=(OperationalError, InterfaceError),
+    # transient only (Django's and psycopg's own, raised by the COPY path): a permanent
+    # failure quarantines its batch inside inbox_drain and never reaches here
+    autoretry_for=services.TRANSIENT_ERRORS,
     retry_backoff=True,
     retry_backoff_max=30,
     max_retries=None,

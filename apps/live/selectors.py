@@ -1,4 +1,15 @@
+from importlib import import_module
 from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import (
+    BACKEND_SESSION_KEY,
+    HASH_SESSION_KEY,
+    SESSION_KEY,
+    get_user_model,
+    load_backend,
+)
+from django.utils.crypto import constant_time_compare
 
 from apps.clusters.models import Cluster, Node
 from apps.telemetry.models import HOST_GPU, NodeHealth
@@ -36,3 +47,23 @@ def node_health_list(
         }
         for node in nodes
     ]
+
+
+def session_user_id(*, session_key: str | None) -> int | None:
+    """The id of the user this session still authenticates, or None: the session is gone
+    (logout), expired, its user is inactive or deleted, or its password changed (session
+    hash). Django's own check, read-only (Django would also flush a stale session)."""
+    if not session_key:
+        return None
+    session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    user_id, backend_path = session.get(SESSION_KEY), session.get(BACKEND_SESSION_KEY)
+    if user_id is None or backend_path not in settings.AUTHENTICATION_BACKENDS:
+        return None
+    user = load_backend(backend_path).get_user(get_user_model()._meta.pk.to_python(user_id))
+    if user is None or not getattr(user, "is_active", False):
+        return None  # ModelBackend already refuses inactive users; other backends may not
+    stored = session.get(HASH_SESSION_KEY) or ""
+    hashes = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
+    if not stored or not any(constant_time_compare(stored, h) for h in hashes):
+        return None
+    return user.pk

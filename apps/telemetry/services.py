@@ -59,7 +59,15 @@ def metric_ids(*, names: Iterable[str]) -> dict[str, int]:
             " UNION ALL SELECT m.name, m.id FROM telemetry_metric m JOIN wanted USING (name)",
             [wanted],
         )
-        return dict(cursor.fetchall())
+        ids = dict(cursor.fetchall())
+        missing = [name for name in wanted if name not in ids]
+        if missing:
+            # Another transaction inserted these names concurrently: our INSERT waited for
+            # it and did nothing, but the statement's snapshot predates its commit. A new
+            # statement (READ COMMITTED) sees them.
+            cursor.execute("SELECT name, id FROM telemetry_metric WHERE name = ANY(%s)", [missing])
+            ids.update(cursor.fetchall())
+        return ids
 
 
 Series = dict[tuple[int, str, int], list[tuple[float, float]]]

@@ -5,6 +5,8 @@
   "use strict";
   const page = JSON.parse(document.getElementById("page-data").textContent);
   const rules = page.rules;
+  // At most this many tiles per node, whatever a node claims (the server draws as many).
+  const maxGpus = page.max_gpus;
   const grid = document.getElementById("node-grid");
   const nodes = new Map(page.nodes.map((node) => [node.node, node]));
   const alerts = new Map(page.alerts.map((alert) => [alert.id, alert]));
@@ -30,8 +32,9 @@
     const silent = node.last_seen === null || now - node.last_seen > rules.silent_down_s;
     const down = node.state === "down" || silent || mine.some((a) => a.kind === "heartbeat");
     const cordoned = node.state === "cordoned" || node.state === "draining";
-    const gpus = Object.keys(node.health).filter((k) => k !== "host").map(Number);
-    const count = Math.max(node.gpus || 0, ...gpus.map((g) => g + 1));
+    const gpus = Object.keys(node.health).filter((k) => /^\d+$/.test(k)).map(Number);
+    const claimed = Number.isInteger(node.gpus) ? node.gpus : 0;
+    const count = Math.min(maxGpus, gpus.reduce((most, g) => Math.max(most, g + 1), claimed));
     const out = [];
     for (let gpu = 0; gpu < count; gpu++) {
       const values = node.health[String(gpu)];
@@ -55,7 +58,13 @@
     return parts.join(" · ");
   }
 
-  function nodeHref(node) { return `nodes/${encodeURIComponent(node.node)}/`; }
+  // The server's reversed URL of a node page, the name percent-encoded in place of the
+  // placeholder (the last one: a cluster's own name could spell it too).
+  function nodeHref(node) {
+    const at = page.node_url.lastIndexOf(page.node_placeholder);
+    return page.node_url.slice(0, at) + encodeURIComponent(node.node) +
+      page.node_url.slice(at + page.node_placeholder.length);
+  }
 
   function card(node) {
     const element = document.querySelector(`[data-node="${CSS.escape(node.node)}"]`);

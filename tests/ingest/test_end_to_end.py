@@ -125,7 +125,7 @@ def test_a_token_of_another_cluster_cannot_write_a_node_of_this_one(agent, agent
     _, other_secret = token_issue(cluster_name="other-cluster")
     intruder = AgentClient(live_stack.url, other_secret)
     assert (
-        intruder.post(make_batch(node="shared-name", samples=5, node_info={"gpus": 99})).status_code
+        intruder.post(make_batch(node="shared-name", samples=5, node_info={"gpus": 16})).status_code
         == 202
     )
     wait_until(
@@ -134,7 +134,7 @@ def test_a_token_of_another_cluster_cannot_write_a_node_of_this_one(agent, agent
     ours = Node.objects.get(cluster=agent_token[0].cluster, name="shared-name")
     assert ours.info == {}  # untouched by the other cluster's batch
     theirs = Node.objects.get(cluster__name="other-cluster", name="shared-name")
-    assert theirs.pk != ours.pk and theirs.info == {"gpus": 99}
+    assert theirs.pk != ours.pk and theirs.info == {"gpus": 16}
     count = agent.get("/api/v1/series", node="shared-name", metric="gpu.util", gpu=0).json()[
         "points"
     ]

@@ -21,22 +21,36 @@ with a sequential scan of the whole table, on every pass.
 Limits, by design: buckets older than the raw retention are not recomputed (their raw data
 may be partly pruned; data that late is dropped from every tier), and hours older than the
 1-minute retention are not either (their minutes may be gone).
+
+Isolation: a round's statement that fails on its data (a sum out of range from rows stored
+before the input bounds) is rolled back to a savepoint and the round redone from the same
+claimed rows in halving groups of series or runs; the rows of a key that fails alone are set
+aside (logged, counted in `RefreshResult.set_aside`), so one bad bucket never stops the
+others or the watermark.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import psycopg
+from django import db
 from django.conf import settings
 from django.db import connection, transaction
 
 from apps.history.services.sql import (
+    CLAIM_RUNS_SQL,
+    CLAIM_SERIES_SQL,
     SAMPLE_HOURS_SQL,
+    SAMPLE_MINUTES_GIVEN_SQL,
     SAMPLE_MINUTES_SQL,
     STEP_COARSER_SQL,
+    STEP_MINUTES_GIVEN_SQL,
     STEP_MINUTES_SQL,
 )
 from opsboard.db import server_cursor
@@ -81,6 +95,7 @@ class RefreshResult:
     claimed: int = 0  # dirty rows consumed
     rounds: int = 0
     drained: bool = False  # the dirty tables were empty at the end (the watermark moved)
+    set_aside: int = 0  # dirty rows whose buckets could not be recomputed (logged)
 
 
 def rollups_refresh(*, claim_rows: int = 20_000, max_rounds: int = 50) -> RefreshResult:
@@ -99,9 +114,10 @@ def rollups_refresh(*, claim_rows: int = 20_000, max_rounds: int = 50) -> Refres
             locked, round_started = cursor.fetchone()
             if not locked:
                 return result
-            claimed = _samples_round(limit=claim_rows, floors=floors)
-            claimed_runs = _steps_round(limit=claim_rows, floors=floors)
+            claimed, set_aside = _samples_round(limit=claim_rows, floors=floors)
+            claimed_runs, set_aside_runs = _steps_round(limit=claim_rows, floors=floors)
             result.claimed += claimed + claimed_runs
+            result.set_aside += set_aside + set_aside_runs
             result.rounds += 1
             if claimed < claim_rows and claimed_runs < claim_rows:
                 _watermark_set(at=round_started)
@@ -120,24 +136,101 @@ def _refresh_floors(*, now: float) -> dict[str, float]:
     return {"minute": minute_floor, "hour": hour_floor}
 
 
-def _samples_round(*, limit: int, floors: dict[str, float]) -> int:
+# Errors of the data (a sum out of range from values stored before the input bounds, say):
+# recomputing the same buckets fails again. Any other error fails the pass, to be rerun.
+ROLLUP_DATA_ERRORS = (db.DataError, psycopg.DataError)
+
+
+def _samples_round(*, limit: int, floors: dict[str, float]) -> tuple[int, int]:
+    """(dirty rows claimed, of which set aside)."""
+    try:
+        with transaction.atomic():
+            return _samples_rollup(SAMPLE_MINUTES_SQL, {"limit": limit}, floors=floors), 0
+    except ROLLUP_DATA_ERRORS as exc:
+        logger.warning("sample rollup round failed, isolating its series: %s", exc)
     with server_cursor() as cursor:
-        cursor.execute(SAMPLE_MINUTES_SQL, {"limit": limit, "floor": floors["minute"]})
+        cursor.execute(CLAIM_SERIES_SQL, {"limit": limit})
+        claimed = cursor.fetchall()
+
+    def rollup(rows: list[tuple]) -> None:
+        params = _columns(rows, names=("node_ids", "metric_ids", "gpus", "t0s", "t1s"))
+        _samples_rollup(SAMPLE_MINUTES_GIVEN_SQL, params, floors=floors)
+
+    return len(claimed), _rollup_isolated(rows=claimed, key=lambda row: row[:3], rollup=rollup)
+
+
+def _samples_rollup(sql: str, params: dict, *, floors: dict[str, float]) -> int:
+    with server_cursor() as cursor:
+        cursor.execute(sql, {**params, "floor": floors["minute"]})
         claimed, *hours = cursor.fetchone()
         if hours[0]:
             cursor.execute(SAMPLE_HOURS_SQL, [*hours, floors["hour"]])
     return claimed
 
 
-def _steps_round(*, limit: int, floors: dict[str, float]) -> int:
+def _steps_round(*, limit: int, floors: dict[str, float]) -> tuple[int, int]:
+    """(dirty rows claimed, of which set aside)."""
+    try:
+        with transaction.atomic():
+            return _steps_rollup(STEP_MINUTES_SQL, {"limit": limit}, floors=floors), 0
+    except ROLLUP_DATA_ERRORS as exc:
+        logger.warning("step rollup round failed, isolating its runs: %s", exc)
     with server_cursor() as cursor:
-        cursor.execute(STEP_MINUTES_SQL, {"limit": limit, "floor": floors["minute"]})
+        cursor.execute(CLAIM_RUNS_SQL, {"limit": limit})
+        claimed = cursor.fetchall()
+
+    def rollup(rows: list[tuple]) -> None:
+        params = _columns(rows, names=("run_ids", "t0s", "t1s"))
+        _steps_rollup(STEP_MINUTES_GIVEN_SQL, params, floors=floors)
+
+    return len(claimed), _rollup_isolated(rows=claimed, key=lambda row: row[0], rollup=rollup)
+
+
+def _steps_rollup(sql: str, params: dict, *, floors: dict[str, float]) -> int:
+    with server_cursor() as cursor:
+        cursor.execute(sql, {**params, "floor": floors["minute"]})
         claimed, runs, hours = cursor.fetchone()
         if runs:
             cursor.execute(
                 STEP_COARSER_SQL, {"runs": runs, "hours": hours, "floor": floors["hour"]}
             )
     return claimed
+
+
+def _columns(rows: list[tuple], *, names: tuple[str, ...]) -> dict[str, list]:
+    return {name: [row[i] for row in rows] for i, name in enumerate(names)}
+
+
+def _rollup_isolated(
+    *, rows: list[tuple], key: Callable[[tuple], Hashable], rollup: Callable[[list[tuple]], None]
+) -> int:
+    """Roll up claimed dirty rows a group of keys at a time, each group in a savepoint,
+    halving a group that fails on its data: every good key's buckets are recomputed in a few
+    statements, and the rows of a key that fails alone are set aside (logged with the
+    error) so that the pass, and the watermark, go on. Returns the rows set aside."""
+    by_key: dict[Hashable, list[tuple]] = defaultdict(list)
+    for row in rows:
+        by_key[key(row)].append(row)
+    groups = list(by_key.values())
+    pending = [groups[: len(groups) // 2], groups[len(groups) // 2 :]]  # the whole just failed
+    set_aside = 0
+    while pending:
+        part = pending.pop()
+        if not part:
+            continue
+        try:
+            with transaction.atomic():
+                rollup([row for group in part for row in group])
+        except ROLLUP_DATA_ERRORS as exc:
+            if len(part) > 1:
+                pending += [part[: len(part) // 2], part[len(part) // 2 :]]
+                continue
+            set_aside += len(part[0])
+            first, last = min(r[-2] for r in part[0]), max(r[-1] for r in part[0])
+            logger.warning(
+                "rollup of %s from %s to %s set aside: %s", key(part[0][0]), first, last, exc
+            )
+    return set_aside
 
 
 def _watermark_set(*, at: datetime) -> None:

@@ -36,6 +36,26 @@ claimed AS (
     RETURNING *
 )"""
 
+# The isolated path (a round failed on bad data, see ../services): the dirty rows are claimed
+# first, then rolled up a group at a time by the same statements over rows given as arrays.
+CLAIM_SERIES_SQL = f"""
+WITH {_CLAIM.format(table="history_dirty_series")}
+SELECT node_id, metric_id, gpu, t0, t1 FROM claimed"""
+CLAIM_RUNS_SQL = f"""
+WITH {_CLAIM.format(table="history_dirty_run")}
+SELECT run_id, t0, t1 FROM claimed"""
+_GIVEN_SERIES = """
+claimed AS (
+    SELECT * FROM unnest(%(node_ids)s::int4[], %(metric_ids)s::int4[], %(gpus)s::int2[],
+                         %(t0s)s::timestamptz[], %(t1s)s::timestamptz[])
+        AS c(node_id, metric_id, gpu, t0, t1)
+)"""
+_GIVEN_RUNS = """
+claimed AS (
+    SELECT * FROM unnest(%(run_ids)s::int8[], %(t0s)s::timestamptz[], %(t1s)s::timestamptz[])
+        AS c(run_id, t0, t1)
+)"""
+
 # Touched hours come back as arrays for the second statement (which must see these minutes).
 _HOURS_RETURNED = """
 SELECT (SELECT count(*) FROM claimed), {arrays}
@@ -43,8 +63,11 @@ FROM (SELECT DISTINCT {key}, date_trunc('hour', bucket) AS hour FROM upserted) h
 """
 
 SERIES_KEY = "node_id, metric_id, gpu"
-SAMPLE_MINUTES_SQL = f"""
-WITH {_CLAIM.format(table="history_dirty_series")},
+
+
+def _sample_minutes(claimed: str) -> str:
+    return f"""
+WITH {claimed},
 {_ISLANDS.format(key=SERIES_KEY)},
 chunks AS (
     SELECT i.node_id, i.metric_id, i.gpu, i.lo * 1000 AS lo_ms, i.hi * 1000 AS hi_ms,
@@ -72,11 +95,15 @@ chunks AS (
     RETURNING node_id, metric_id, gpu, bucket
 )
 {
-    _HOURS_RETURNED.format(
-        key=SERIES_KEY,
-        arrays="array_agg(node_id), array_agg(metric_id), array_agg(gpu), array_agg(hour)",
-    )
-}"""
+        _HOURS_RETURNED.format(
+            key=SERIES_KEY,
+            arrays="array_agg(node_id), array_agg(metric_id), array_agg(gpu), array_agg(hour)",
+        )
+    }"""
+
+
+SAMPLE_MINUTES_SQL = _sample_minutes(_CLAIM.format(table="history_dirty_series"))
+SAMPLE_MINUTES_GIVEN_SQL = _sample_minutes(_GIVEN_SERIES)
 
 SAMPLE_HOURS_SQL = """
 INSERT INTO history_sample_1h (node_id, metric_id, gpu, bucket, n, vsum, vmin, vmax)
@@ -150,8 +177,9 @@ def _run_upsert(*, table: str, ranks: str) -> str:
     ON CONFLICT (run_id, bucket) DO UPDATE SET ranks = EXCLUDED.ranks, {_update(STEP_COLUMNS)}"""
 
 
-STEP_MINUTES_SQL = f"""
-WITH {_CLAIM.format(table="history_dirty_run")},
+def _step_minutes(claimed: str) -> str:
+    return f"""
+WITH {claimed},
 {_ISLANDS.format(key="run_id")},
 raw AS MATERIALIZED (
     SELECT s.* FROM islands i CROSS JOIN LATERAL (
@@ -166,6 +194,10 @@ rank_tens AS ({_rank_upsert(table="history_step_10s", seconds=10)}),
 run_minutes AS ({_run_upsert(table="history_runstep_1m", ranks="upserted")}),
 run_tens AS ({_run_upsert(table="history_runstep_10s", ranks="rank_tens")})
 {_HOURS_RETURNED.format(key="run_id", arrays="array_agg(run_id), array_agg(hour)")}"""
+
+
+STEP_MINUTES_SQL = _step_minutes(_CLAIM.format(table="history_dirty_run"))
+STEP_MINUTES_GIVEN_SQL = _step_minutes(_GIVEN_RUNS)
 
 # The touched hours' minutes, read once per hour, make its 10-minute and hour buckets per
 # rank; the run-level hour comes from the run-level minutes.
