@@ -3,6 +3,11 @@
 `checkpoint_stale`: too long since the last checkpoint that reached durable storage.
 `checkpoint_upload`: a local checkpoint whose durable copy failed, or did not complete
 within `checkpoint_upload_s`.
+
+Why they hold under noise: both are decided from checkpoint events and the clock, not from
+per-step timings or telemetry samples, so step jitter and spikes cannot move them. A
+duplicated or late event changes nothing: staleness counts from the newest durable
+completion, and an upload is judged by whether its durable copy completed or failed.
 """
 
 from __future__ import annotations

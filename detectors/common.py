@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
@@ -111,6 +112,33 @@ def trailing_since(
         if not condition(value):
             break
         since = ts
+    return since
+
+
+def sustained(
+    points: Sequence[tuple[float, float]],
+    condition: Callable[[float], object],
+    span: float,
+    share: float,
+) -> float | None:
+    """When a condition that must hold "for `span` seconds" began, or None when it does not
+    hold now. It holds when the series reaches back `span` seconds from its newest point and
+    at least `share` of the samples of those seconds meet it: one stray sample (jitter, a
+    dropped reading) neither makes nor breaks it, where requiring every sample would. The
+    start is the first meeting sample of the longest trailing stretch that keeps `share`."""
+    if not points or points[-1][0] - points[0][0] < span:
+        return None
+    end = points[-1][0]
+    start = bisect_left(points, end - span, key=lambda p: p[0])
+    recent = points[start:]
+    if sum(1 for _, v in recent if condition(v)) < share * len(recent):
+        return None
+    since, met = None, 0
+    for seen, (ts, value) in enumerate(reversed(points), start=1):
+        if condition(value):
+            met += 1
+            if met >= share * seen:
+                since = ts
     return since
 
 

@@ -15,9 +15,12 @@ from typing import Any
 class DetectorConfig:
     """Thresholds of all detectors. Times are seconds, shares are fractions (0.15 = 15 %)."""
 
-    # straggler: a rank this much slower than its peers' median, for this many steps in a row
+    # straggler: over the last `straggler_steps` steps, a rank's median ratio to its peers'
+    # median is at least 1 + `straggler_slowdown` and at least `straggler_share` of those
+    # steps are that slow (a clear majority: one noisy step neither hides nor makes one)
     straggler_slowdown: float = 0.15
     straggler_steps: int = 20
+    straggler_share: float = 0.75
     # sdc: canary fingerprints agree within this relative tolerance
     sdc_canary_rtol: float = 1e-4
     sdc_critical_checks: int = 2
@@ -39,6 +42,9 @@ class DetectorConfig:
     oom_horizon_s: float = 600.0
     oom_trend_window_s: float = 300.0
     oom_trend_min_points: int = 5
+    # thermal / power / host-starved input: a condition "for T seconds" holds when at least
+    # this share of the samples of the last T seconds meet it (not every single sample)
+    sustain_share: float = 0.8
     # thermal / power
     thermal_temp_c: float = 85.0
     thermal_critical_c: float = 90.0

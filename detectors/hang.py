@@ -4,6 +4,12 @@ The limit is max(`hang_factor` × the run's median step time, `hang_min_s`). A c
 that started after the last step and has not finished excuses the stall (training is busy
 saving) until `checkpoint_timeout_s`, after which the hang is reported anyway. When every
 node of the run is silent the heartbeat detector speaks instead.
+
+Why it holds under noise: the typical step time is a median over the newest 20 steps, so
+one 5× (or 9×) slower step neither raises a hang nor stretches the limit, and the limit is
+at least `hang_min_s` (120 s) and ten typical steps, far beyond per-step jitter and the
+2–5× spikes of GC pauses or pre-emption. Only a step counter that stops for that long is a
+hang; a run that keeps stepping, however unevenly, is not.
 """
 
 from __future__ import annotations

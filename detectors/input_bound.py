@@ -4,6 +4,13 @@ Two signals: the step reports' (data_time + h2d_time) share of the step, median 
 last `input_steps` steps of a node's ranks; and the host's CPUs saturated while its GPUs
 idle, sustained. The finding says which stage dominates: loading (waiting for the data
 loader) or staging (host-to-device copies).
+
+Why it holds under noise: both are window statistics. The step signal is a median over
+the node's ranks, then over 20 steps: one slow data fetch (a page-fault storm, a cold
+cache) moves it by at most one place, and a real input bottleneck over most steps is found
+however a few of them jitter. The host signal counts as sustained when at least
+`sustain_share` of the samples of the last `input_sustain_s` seconds are over the line
+(`common.sustained`), so a single busy or idle sample neither makes nor breaks it.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from detectors.common import (
     rank_nodes,
     run_subject,
     series_index,
-    trailing_since,
+    sustained,
 )
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
@@ -129,16 +136,12 @@ def _host_starved(window: ClusterWindow, config: DetectorConfig) -> dict[str, di
         cpu = index.get((node, None, "host.cpu_util"))
         if cpu is None or not cpu.points:
             continue
-        end = cpu.points[-1][0]
-        busy_since = trailing_since(cpu.points, lambda v: v > config.input_cpu_util)
-        if busy_since is None or end - busy_since < config.input_sustain_s:
+        span, share = config.input_sustain_s, config.sustain_share
+        busy_since = sustained(cpu.points, lambda v: v > config.input_cpu_util, span, share)
+        if busy_since is None:
             continue
-        idle = [trailing_since(p, lambda v: v < config.input_gpu_util) for p in utils]
-        long_idle = [
-            s
-            for s, p in zip(idle, utils, strict=True)
-            if s and p[-1][0] - s >= config.input_sustain_s
-        ]
+        idle = [sustained(p, lambda v: v < config.input_gpu_util, span, share) for p in utils]
+        long_idle = [s for s in idle if s is not None]
         if len(long_idle) * 2 <= len(utils):
             continue
         out[node] = {

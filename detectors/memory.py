@@ -1,26 +1,56 @@
-"""GPU memory: `oom_risk` before an out-of-memory error, `oom` once one happened."""
+"""GPU memory: `oom_risk` before an out-of-memory error, `oom` once one happened.
+
+Why `oom_risk` holds under noise: the level it compares with `oom_mem_share` is the median
+of the newest three samples, so one spiking reading is no risk and one low reading hides
+none. The trend is a Theil–Sen fit (the median of the pairwise slopes) over the medians of
+up to 12 equal slices of the last `oom_trend_window_s` seconds, needing
+`oom_trend_min_points` samples: a single outlier moves at most one slice median, and the
+slope median ignores up to ~29% of wild slices, where a least-squares line swings with one
+far point. The trend counts only while the newest level is still on the fitted line (after
+a crash frees memory, the earlier climb predicts nothing).
+"""
 
 from __future__ import annotations
 
-from detectors.common import node_runs, node_subject, run_subject, series_index, unique_events
+from detectors.common import (
+    median,
+    node_runs,
+    node_subject,
+    run_subject,
+    series_index,
+    unique_events,
+)
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding
 
 USED, TOTAL = "gpu.mem_used_bytes", "gpu.mem_total_bytes"
 GIB = 2**30
+SLICES = 12
 
 
 def slope(points: list[tuple[float, float]]) -> float:
-    """Least-squares slope of value over time (units per second); 0 for < 2 distinct times."""
+    """Robust slope of value over time (units per second): Theil–Sen over slice medians
+    (see the module docstring); 0 for < 2 distinct times."""
+    return trend(points)[0]
+
+
+def trend(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(slope, the fitted value at the newest time) of `points`, oldest first."""
+    if not points:
+        return 0.0, 0.0
     n = len(points)
-    if n < 2:
-        return 0.0
-    mean_t = sum(t for t, _ in points) / n
-    mean_v = sum(v for _, v in points) / n
-    var = sum((t - mean_t) ** 2 for t, _ in points)
-    if var == 0:
-        return 0.0
-    return sum((t - mean_t) * (v - mean_v) for t, v in points) / var
+    k = min(n, SLICES)
+    slices = [points[i * n // k : (i + 1) * n // k] for i in range(k)]
+    centres = [(median([t for t, _ in p]), median([v for _, v in p])) for p in slices if p]
+    slopes = [
+        (v2 - v1) / (t2 - t1)
+        for i, (t1, v1) in enumerate(centres)
+        for t2, v2 in centres[i + 1 :]
+        if t2 != t1
+    ]
+    rate = median(slopes) if slopes else 0.0
+    last = points[-1][0]
+    return rate, median([v + rate * (last - t) for t, v in centres])
 
 
 def detect(
@@ -42,19 +72,21 @@ def _risk(window: ClusterWindow, config: DetectorConfig) -> list[Finding]:
         total = total_series.points[-1][1] if total_series.points else 0.0
         if total <= 0:
             continue
-        last_ts, used = series.points[-1]
+        last_ts = series.points[-1][0]
+        used = median([v for _, v in series.points[-3:]])
         share = used / total
         recent = [p for p in series.points if p[0] >= last_ts - config.oom_trend_window_s]
-        rate = 0.0
+        rate, fitted = 0.0, used
         if len(recent) >= config.oom_trend_min_points and recent[-1][0] > recent[0][0]:
-            # The end-to-end rate screens out flat series before the least-squares fit.
-            rough = (used - recent[0][1]) / (last_ts - recent[0][0])
+            # The rate between the medians of both ends screens out flat series cheaply.
+            first = median([v for _, v in recent[:3]])
+            rough = (used - first) / (last_ts - recent[0][0])
             if rough > 0 and (total - used) / rough <= 3 * config.oom_horizon_s:
-                rate = slope(recent)
-        # A trend only counts while memory is still at its high: after a crash frees it,
-        # the earlier climb no longer predicts anything.
-        rising = rate > 0 and used >= 0.99 * max(v for _, v in recent)
-        eta = (total - used) / rate if rising else None
+                rate, fitted = trend(recent)
+        # A trend only counts while memory is still on it: after a crash frees it, the
+        # earlier climb no longer predicts anything.
+        rising = rate > 0 and used >= fitted - 0.03 * total
+        eta = max(0.0, total - fitted) / rate if rising else None
         if share < config.oom_mem_share and (eta is None or eta > config.oom_horizon_s):
             continue
         summary = f"GPU {gpu} of {node} uses {share:.0%} of its memory"

@@ -1,22 +1,72 @@
 """Straggler: a rank (or a whole node) that computes slower than its peers.
 
 In synchronous training every rank waits for the slowest at each collective, so the slow
-rank is the one with the longest own work (compute) and the shortest wait. We compare each
-rank's compute time with the median of its peers at every step, newest first, and flag a
-rank that stays at least `straggler_slowdown` slower for `straggler_steps` steps in a row.
+rank is the one with the longest own work (compute) and the shortest wait. At every step we
+take each rank's ratio of its compute time to the median of its peers'.
+
+The rule is a window statistic, not a streak: over the last `straggler_steps` steps (N) the
+rank's median ratio is at least 1 + `straggler_slowdown` **and** at least
+`straggler_share` of the steps it reported are that slow. Why it holds under noise:
+- One step is 1/N of the window: a healthy rank's single spike (a GC pause, a page-fault
+  storm, pre-emption) cannot reach a majority, and a straggler's single fast step (jitter
+  bringing it under the line) cannot break it. A streak rule restarted at every such step:
+  with 85% of a straggler's steps over the line, 20 in a row happened ~4% of the time.
+- A healthy rank with per-step jitter of CV 10% is over a 15% line in ~8% of steps; 75% of
+  20 such steps (the default share) is a binomial tail of ~1e-10. At CV 30% (~31% of steps
+  over the line) the tail is ~7e-5 per rank and window: the 15% threshold is then close to
+  the noise floor, and a larger N (per cluster) is the remedy.
+- With a majority of at least half, the median condition follows from the share one; it is
+  kept explicit because the slowdown the finding reports is that median.
+Hysteresis, without state: the finding stands while the rule held for a window ending at
+any of the last N steps, so it resolves only once the rule has failed for a full window and
+a borderline rank does not flap. The detector stays a pure function of the window (which
+holds more than 2N steps: ALERT_STEP_WINDOW), so a replay as of any moment gives the same
+answer as the live evaluation did, which a set of open alerts passed in could not promise.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
+from dataclasses import dataclass
+from math import ceil
 
 from detectors.common import by_step, compute_of, median, pct, rank_nodes, run_subject
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
-from detectors.types import ClusterWindow, Finding, RunWindow
+from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
 
-# (step, ts, own compute, peers' median compute, run step time) of one slow step
-_Slow = tuple[int, float, float, float, float]
+
+@dataclass(frozen=True)
+class _Point:
+    """One rank at one step: its compute, its peers' median, the run's step time."""
+
+    step: int
+    ts: float
+    value: float
+    peers: float
+    step_time: float
+
+    @property
+    def ratio(self) -> float:
+        return self.value / self.peers
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A straggling rank: the newest window in which the rule held, and since when."""
+
+    points: tuple[_Point, ...]  # that window's reports of the rank, newest first
+    slow: int  # how many of them are over the line
+    since: _Point  # the first slow step of the first window of this episode
+    holds_now: bool  # the rule holds at the newest step (else: within the hysteresis)
+
+
+@dataclass(frozen=True)
+class _Step:
+    number: int
+    values: dict[int, tuple[float, float]]  # rank → (compute, ts)
+    ordered: list[float]
+    step_time: float
 
 
 def detect(
@@ -30,10 +80,9 @@ def detect_run(
     run: RunWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG
 ) -> list[Finding]:
     """One warning per slow rank (`run:<run>/rank:<r>`), or one per node whose every rank is
-    slow (`run:<run>/node:<n>`); evidence holds the slowdown and the cost in GPU-hours per
-    hour that the whole run loses waiting."""
-    streaks = _slow_streaks(run, config)
-    flagged = {r: s for r, s in streaks.items() if len(s) >= config.straggler_steps}
+    slow (`run:<run>/node:<n>`); evidence holds the slowdown, how many of the window's steps
+    were slow, and the cost in GPU-hours per hour that the whole run loses waiting."""
+    flagged = _Ratios(run, config).stragglers()
     if not flagged:
         return []
     nodes = rank_nodes(run)
@@ -52,37 +101,125 @@ def detect_run(
     return findings
 
 
-def _slow_streaks(run: RunWindow, config: DetectorConfig) -> dict[int, list[_Slow]]:
-    """Each rank's unbroken run of slow steps ending at the newest step, newest first.
+class _Ratios:
+    """The run's steps with peers to compare, newest first, built only as far back as asked
+    (a healthy run costs 2N − 1 sorted steps; a straggler's episode, as far as it goes)."""
 
-    Walking back stops as soon as no rank is still slow, so a healthy run costs one median
-    of the newest step."""
-    limit = 1.0 + config.straggler_slowdown
-    steps = by_step(run.steps)
-    streaks: dict[int, list[_Slow]] = defaultdict(list)
-    candidates: set[int] | None = None  # None: the newest step, every rank may be slow
-    for number in sorted(steps, reverse=True):
-        rows = steps[number]
-        values = {r.rank: (v, r.ts) for r in rows if (v := compute_of(r)) is not None}
-        if len(values) < 2:
-            continue  # no peers to compare with: neither evidence nor a break
-        ordered = sorted(v for v, _ in values.values())
-        middle = ordered[len(ordered) // 2]
-        step_time = median([r.step_time for r in rows])
-        slow: set[int] = set()
-        for rank, (value, ts) in values.items():
-            if (candidates is not None and rank not in candidates) or value < middle:
-                continue
-            peers = _median_without(ordered, value)
-            if peers > 0 and value >= limit * peers:
-                slow.add(rank)
-                streaks[rank].append((number, ts, value, peers, step_time))
-        # A candidate without a report at this step keeps its streak: missing data is no
-        # evidence that it caught up.
-        candidates = slow if candidates is None else slow | (candidates - values.keys())
-        if not candidates:
-            break
-    return streaks
+    def __init__(self, run: RunWindow, config: DetectorConfig) -> None:
+        self.n = config.straggler_steps
+        self.limit = 1.0 + config.straggler_slowdown
+        self.share = config.straggler_share
+        self.by_step = by_step(run.steps)
+        self.numbers = sorted(self.by_step, reverse=True)
+        self.cursor = 0
+        self.steps: list[_Step] = []
+        self.points: dict[tuple[int, int], _Point | None] = {}
+
+    def step(self, i: int) -> _Step | None:
+        """The i-th newest step that has at least two ranks' compute; None past the end."""
+        while len(self.steps) <= i and self.cursor < len(self.numbers):
+            number = self.numbers[self.cursor]
+            self.cursor += 1
+            rows: list[StepRow] = self.by_step[number]
+            values = {r.rank: (v, r.ts) for r in rows if (v := compute_of(r)) is not None}
+            if len(values) >= 2:  # no peers to compare with: neither evidence nor a break
+                ordered = sorted(v for v, _ in values.values())
+                step_time = median([r.step_time for r in rows])
+                self.steps.append(_Step(number, values, ordered, step_time))
+        return self.steps[i] if i < len(self.steps) else None
+
+    def point(self, i: int, rank: int) -> _Point | None:
+        key = (i, rank)
+        if key not in self.points:
+            step = self.step(i)
+            point = None
+            if step is not None and rank in step.values:
+                value, ts = step.values[rank]
+                peers = _median_without(step.ordered, value)
+                if peers > 0:
+                    point = _Point(step.number, ts, value, peers, step.step_time)
+            self.points[key] = point
+        return self.points[key]
+
+    def slow_ranks(self, i: int) -> list[int]:
+        """Ranks over the line at the i-th newest step."""
+        step = self.step(i)
+        if step is None:
+            return []
+        # Taking one value out leaves a median of at least this: below it × limit, not slow.
+        floor = self.limit * step.ordered[(len(step.ordered) - 2) // 2]
+        return [
+            rank
+            for rank, (value, _) in step.values.items()
+            if value >= floor and (p := self.point(i, rank)) is not None and p.ratio >= self.limit
+        ]
+
+    def window(self, rank: int, end: int) -> tuple[tuple[_Point, ...], int] | None:
+        """(the rank's points, how many are slow) in the window of N steps whose newest is
+        the end-th newest step; None when it runs past the oldest step or the rank reported
+        too few of its steps to judge."""
+        if self.step(end + self.n - 1) is None:
+            return None
+        points = tuple(p for i in range(end, end + self.n) if (p := self.point(i, rank)))
+        if len(points) < ceil(self.n / 2):
+            return None
+        return points, sum(p.ratio >= self.limit for p in points)
+
+    def held(self, rank: int, end: int) -> tuple[tuple[_Point, ...], int] | None:
+        """The window (see `window`) when the rule holds there, else None."""
+        found = self.window(rank, end)
+        if found is None:
+            return None
+        points, slow = found
+        if slow < self.share * len(points) or median([p.ratio for p in points]) < self.limit:
+            return None
+        return found
+
+    def kept(self, rank: int, end: int) -> bool:
+        """The release rule: the rank is still slow in most steps of the window (its median
+        ratio is over the line), so an open finding stays open past its grace window."""
+        found = self.window(rank, end)
+        return found is not None and median([p.ratio for p in found[0]]) >= self.limit
+
+    def alive_from(self, rank: int, end: int) -> tuple[int, tuple[tuple[_Point, ...], int]] | None:
+        """The newest window at or before the end-th newest step in which the rule held, if
+        the finding it opened still stands at `end`: the rule held within the last N windows,
+        or every window since that grace was kept."""
+        unkept: int | None = None  # the newest window, from `end` back, that was not kept
+        probe = end
+        while self.step(probe + self.n - 1) is not None:
+            if unkept is not None and probe >= unkept + self.n:
+                return None
+            if (held := self.held(rank, probe)) is not None:
+                return probe, held
+            if unkept is None and not self.kept(rank, probe):
+                unkept = probe
+            probe += 1
+        return None
+
+    def stragglers(self) -> dict[int, _Held]:
+        """rank → its episode, for the ranks whose finding stands at the newest step."""
+        counts: dict[int, int] = defaultdict(int)
+        for i in range(2 * self.n - 1):
+            for rank in self.slow_ranks(i):
+                counts[rank] += 1
+        # Fewer slow steps than any held or kept window needs: no need to look closer.
+        need = ceil(0.5 * ceil(self.n / 2))
+        out: dict[int, _Held] = {}
+        for rank in sorted(r for r, c in counts.items() if c >= need):
+            newest = self.alive_from(rank, 0)
+            if newest is not None:
+                out[rank] = self._episode(rank, *newest)
+        return out
+
+    def _episode(self, rank: int, end: int, held: tuple[tuple[_Point, ...], int]) -> _Held:
+        """Walk back through the held windows while the finding never lapsed between them:
+        the first one's first slow step is `since`."""
+        first, first_points = end, held[0]
+        while (older := self.alive_from(rank, first + 1)) is not None:
+            first, first_points = older[0], older[1][0]
+        since = next(p for p in reversed(first_points) if p.ratio >= self.limit)
+        return _Held(points=held[0], slow=held[1], since=since, holds_now=end == 0)
 
 
 def _median_without(ordered: list[float], value: float) -> float:
@@ -97,27 +234,28 @@ def _median_without(ordered: list[float], value: float) -> float:
     return at(half) if rest % 2 else (at(half - 1) + at(half)) / 2
 
 
-def _summary_numbers(streak: list[_Slow], world: int) -> dict[str, float | int]:
-    slowdown = median([value / peers - 1.0 for _, _, value, peers, _ in streak])
-    lost = median([(value - peers) / st for _, _, value, peers, st in streak if st > 0] or [0.0])
+def _summary_numbers(held: _Held, world: int) -> dict[str, float | int | bool]:
+    points = held.points
+    slowdown = median([p.ratio - 1.0 for p in points])
+    lost = median([(p.value - p.peers) / p.step_time for p in points if p.step_time > 0] or [0.0])
     return {
         "slowdown": round(slowdown, 4),
-        "compute_time": round(median([s[2] for s in streak]), 6),
-        "peer_median_compute_time": round(median([s[3] for s in streak]), 6),
-        "step_time": round(median([s[4] for s in streak]), 6),
-        "steps": len(streak),
-        "since_step": streak[-1][0],
-        "last_step": streak[0][0],
+        "compute_time": round(median([p.value for p in points]), 6),
+        "peer_median_compute_time": round(median([p.peers for p in points]), 6),
+        "step_time": round(median([p.step_time for p in points]), 6),
+        "steps": len(points),
+        "slow_steps": held.slow,
+        "since_step": held.since.step,
+        "last_step": points[0].step,
+        "holds_now": held.holds_now,
         # Every rank of the run waits (value − peers) each step for this one.
-        "gpu_hours_lost_per_hour": round(world * lost, 3),
+        "gpu_hours_lost_per_hour": round(world * max(lost, 0.0), 3),
         "world_size": world,
     }
 
 
-def _rank_finding(
-    run: str, rank: int, node: str | None, streak: list[_Slow], world: int
-) -> Finding:
-    numbers = _summary_numbers(streak, world)
+def _rank_finding(run: str, rank: int, node: str | None, held: _Held, world: int) -> Finding:
+    numbers = _summary_numbers(held, world)
     where = f" on {node}" if node else ""
     return Finding(
         kind="straggler",
@@ -125,24 +263,24 @@ def _rank_finding(
         severity="warning",
         summary=(
             f"rank {rank}{where} computes {pct(float(numbers['slowdown']))} slower than the "
-            f"median of its peers for {numbers['steps']} steps, costing the run "
-            f"{numbers['gpu_hours_lost_per_hour']:.1f} GPU-hours per hour"
+            f"median of its peers ({numbers['slow_steps']} of {numbers['steps']} steps slow), "
+            f"costing the run {numbers['gpu_hours_lost_per_hour']:.1f} GPU-hours per hour"
         ),
         run=run,
         node=node,
         rank=rank,
         evidence={"rank": rank, "node": node, **numbers},
-        since=streak[-1][1],
+        since=held.since.ts,
     )
 
 
 def _node_finding(
-    run: str, node: str, ranks: list[int], flagged: dict[int, list[_Slow]], world: int
+    run: str, node: str, ranks: list[int], flagged: dict[int, _Held], world: int
 ) -> Finding:
     # The node's slowest rank gates every collective, so it sets the cost.
-    worst = max(ranks, key=lambda r: median([s[2] / s[3] for s in flagged[r]]))
+    worst = max(ranks, key=lambda r: median([p.ratio for p in flagged[r].points]))
     numbers = _summary_numbers(flagged[worst], world)
-    slowdown = median([median([s[2] / s[3] - 1.0 for s in flagged[r]]) for r in ranks])
+    slowdown = median([median([p.ratio - 1.0 for p in flagged[r].points]) for r in ranks])
     return Finding(
         kind="straggler",
         subject=run_subject(run, node=node),
@@ -161,5 +299,5 @@ def _node_finding(
             "slowest_rank": worst,
             **numbers,
         },
-        since=min(flagged[r][-1][1] for r in ranks),
+        since=min(flagged[r].since.ts for r in ranks),
     )

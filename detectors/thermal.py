@@ -1,10 +1,20 @@
-"""Thermal and power: GPUs too hot, or held back by NVML clocks-event (throttle) reasons."""
+"""Thermal and power: GPUs too hot, or held back by NVML clocks-event (throttle) reasons.
+
+"Over the limit for 30 s" means at least `sustain_share` (80%) of the samples of the last
+30 s are over it, with the series reaching back that far (`common.sustained`), not that
+every sample is. Why it holds under noise: a single hot reading is one sample of the span
+(with 10 s samples, 1 of 4) and never reaches the share, so a spike raises nothing; a GPU
+that is really hot stays found through a stray cool reading once the span holds five or
+more samples (with 10 s samples a 30 s span holds four, so there all four must be over:
+the longer throttle and power spans of 300 s tolerate several). A finding needs the newest
+samples to keep the share, so it resolves once the GPU has cooled for a fifth of the span.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from detectors.common import node_runs, node_subject, series_index, trailing_since
+from detectors.common import median, node_runs, node_subject, series_index, sustained
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding
 
@@ -38,12 +48,19 @@ def throttle_reasons(mask: int | float) -> list[str]:
 
 
 def _lasting(
-    points: Sequence[tuple[float, float]], condition: Callable[[float], object], needed: float
+    points: Sequence[tuple[float, float]],
+    condition: Callable[[float], object],
+    needed: float,
+    config: DetectorConfig,
 ) -> float | None:
-    """When the newest unbroken run of points meeting `condition` began, if it spans at
-    least `needed` seconds; else None."""
-    since = trailing_since(points, condition)
-    return since if since is not None and points[-1][0] - since >= needed else None
+    """When the condition began, if it has held for `needed` seconds (see the module
+    docstring); else None."""
+    return sustained(points, condition, needed, config.sustain_share)
+
+
+def _recent_median(points: Sequence[tuple[float, float]], span: float) -> float:
+    end = points[-1][0]
+    return median([v for t, v in points if t >= end - span])
 
 
 def _at_least(limit: float) -> Callable[[float], bool]:
@@ -74,10 +91,11 @@ def detect(
         clock = points("gpu.sm_clock_mhz")
         if clock:
             common["sm_clock_mhz"] = clock[-1][1]
-        hot = _lasting(temps, lambda v: v > config.thermal_temp_c, config.thermal_temp_s)
-        throttled = _lasting(masks, lambda v: int(v) & THERMAL_BITS, config.throttle_s)
+        hot = _lasting(temps, lambda v: v > config.thermal_temp_c, config.thermal_temp_s, config)
+        throttled = _lasting(masks, lambda v: int(v) & THERMAL_BITS, config.throttle_s, config)
         if hot is not None or throttled is not None:
-            temp = temps[-1][1] if temps else None
+            # The span's median: one stray reading neither hides nor escalates it.
+            temp = _recent_median(temps, config.thermal_temp_s) if temps else None
             reasons = [r for b, r in REASONS.items() if b & THERMAL_BITS & mask]
             text = f"GPU {gpu} of {node} "
             text += (
@@ -105,8 +123,10 @@ def detect(
         power, limits = points("gpu.power_w"), points("gpu.power_limit_w")
         if not power or not limits or limits[-1][1] <= 0:
             continue
-        at_cap = _lasting(power, _at_least(config.power_share * limits[-1][1]), config.power_s)
-        capped = _lasting(masks, lambda v: int(v) & POWER_BITS, config.power_s)
+        at_cap = _lasting(
+            power, _at_least(config.power_share * limits[-1][1]), config.power_s, config
+        )
+        capped = _lasting(masks, lambda v: int(v) & POWER_BITS, config.power_s, config)
         if at_cap is None or capped is None:
             continue
         reasons = [r for b, r in REASONS.items() if b & POWER_BITS & mask]

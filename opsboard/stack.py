@@ -2,9 +2,10 @@
 
 Resolves Postgres and Redis (DATABASE_URL / REDIS_URL, or the embedded default under
 ./var/), migrates, collects static files, then runs gunicorn for HTTP (127.0.0.1:8000),
-uvicorn for websockets (8001), a Celery worker, Celery beat, the live publisher and, for
-`demo`, the cluster simulator posting through the real agent code. Children that exit are
-restarted (as a supervisor would); Ctrl-C stops everything it started.
+uvicorn for websockets (8001), a Celery worker for ingest, another for beat's periodic
+tasks, Celery beat, the live publisher and, for `demo`, the cluster simulator posting
+through the real agent code. Children that exit are restarted (as a supervisor would);
+Ctrl-C stops everything it started.
 """
 
 from __future__ import annotations
@@ -67,29 +68,44 @@ def server_commands(
     queue: str,
     beat_schedule: Path,
     beat_in_worker: bool = False,
+    periodic_concurrency: int = 2,
 ) -> dict[str, list[str]]:
     """The stack's long-running processes.
 
     HTTP (the agent API and the pages) is served by gunicorn's WSGI workers and websockets by
     uvicorn: a 1,000-sample ingest measured ≈ 2× the throughput under WSGI (bench/ingest.py),
-    as Django runs each ASGI request's sync view through a thread hop of its own."""
+    as Django runs each ASGI request's sync view through a thread hop of its own.
+
+    Two Celery workers: `worker` drains ingest from `queue`, `periodic` runs beat's tasks
+    (evaluation, rollups, pruning, compaction, the inbox sweep) from `<queue>.periodic`
+    (settings.CELERY_PERIODIC_QUEUE), so an ingest backlog never delays detection.
+    `beat_in_worker` embeds beat in the periodic worker (one process fewer)."""
     python = sys.executable
-    worker = [
-        python,
-        "-m",
-        "celery",
-        "-A",
-        "opsboard",
-        "worker",
-        "--loglevel",
-        "INFO",
-        "--concurrency",
-        str(worker_concurrency),
-        "--without-mingle",
-        "--without-gossip",
-        "-Q",
-        queue,
-    ]
+
+    def celery_worker(queues: str, concurrency: int, *extra: str) -> list[str]:
+        return [
+            python,
+            "-m",
+            "celery",
+            "-A",
+            "opsboard",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--concurrency",
+            str(concurrency),
+            "--without-mingle",
+            "--without-gossip",
+            "-Q",
+            queues,
+            *extra,
+        ]
+
+    worker = celery_worker(queue, worker_concurrency)
+    # its own node name: two workers of one host must not share one
+    periodic = celery_worker(
+        f"{queue}.periodic", periodic_concurrency, "-n", f"periodic.{queue}@%h"
+    )
     beat = ["--schedule", str(beat_schedule)]
     commands = {
         "web": [
@@ -117,7 +133,8 @@ def server_commands(
             "--log-level",
             "warning",
         ],
-        "worker": [*worker, "-B", *beat] if beat_in_worker else worker,
+        "worker": worker,
+        "periodic": [*periodic, "-B", *beat] if beat_in_worker else periodic,
         "publisher": [python, "manage.py", "live_publisher"],
     }
     if not beat_in_worker:
@@ -143,6 +160,7 @@ def processes(environment: dict[str, str], args: argparse.Namespace) -> dict[str
         ws_port=args.ws_port,
         web_workers=args.web_workers,
         worker_concurrency=args.worker_concurrency,
+        periodic_concurrency=int(environment.get("PERIODIC_WORKER_CONCURRENCY", 2)),
         queue=environment.get("OPSBOARD_REDIS_PREFIX", "opsboard"),
         beat_schedule=var / "celerybeat-schedule",
     )
@@ -155,7 +173,8 @@ def simulator_command(
     environment: dict[str, str], args: argparse.Namespace, var: Path
 ) -> list[str]:
     """The cluster simulator (real agent code) feeding a demo cluster in real time: 8 nodes
-    × 8 GPUs, two runs, one rank turning into a straggler after two minutes."""
+    × 8 GPUs, two runs, one rank turning into a straggler after two minutes, with the
+    simulator's noise model on (10 % per-step jitter, rare spikes)."""
     token_file = var / "demo-token"
     token_file.write_text(
         manage(environment, "issue_token", "demo", "--name", "simulator", capture=True).strip()
@@ -187,6 +206,10 @@ def simulator_command(
         "1",
         "--fault",
         "straggler:rank=13,at=120,factor=1.35",
+        # A busy cluster's jitter and spikes, so the demo shows detection under noise.
+        "--noise-cv",
+        "0.1",
+        "--spikes",
         "--spool-dir",
         str(var / "demo-spool"),
     ]

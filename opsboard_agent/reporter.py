@@ -8,7 +8,12 @@
             reporter.record_grad_checksum(model)        # after all-reduce, before opt.step()
         ...
         reporter.step(step, tokens=n, loss=loss_value)
-    reporter.close()
+    reporter.close()                                    # run_end: finished
+
+`close()` (and, if the program never calls it, an `atexit` hook) sends a `run_end` event:
+`finished`, or `failed` when the interpreter exits on an uncaught exception or the reporter
+is used as a context manager around a block that raises. A process killed outright sends
+nothing: the server then sees the run's steps stop, and its `hang` detector speaks.
 
 Guarantees: `step()` and the phase timers only touch memory (a lock and a list append);
 a background thread spools records every `flush_interval` seconds and another sends them,
@@ -18,6 +23,7 @@ the reporter is disabled (one log line) and every call is a cheap no-op.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -58,6 +64,27 @@ class _Phase:
 
     def __exit__(self, *exc: object) -> None:
         self._times[self._field] += time.perf_counter() - self._started
+
+
+class _ExitState:
+    """Whether the interpreter is exiting on an uncaught exception: sys.excepthook runs
+    before atexit hooks, so a wrapper around it records the failure and its message."""
+
+    failure: str | None = None
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed:
+            return
+        cls._installed = True
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+            cls.failure = f"{kind.__name__}: {value}"[:8000]
+            previous(kind, value, tb)
+
+        sys.excepthook = hook
 
 
 def _env_int(name: str, default: int) -> int:
@@ -108,6 +135,10 @@ class Reporter:
         sender = Sender(spool, server=server, token=token)
         self.shipper = Shipper(spool=spool, sender=sender, node=self.node, run=self.run)
         self.shipper.start(flush_interval=flush_interval)
+        # A program that never calls close() still ends its run (failed on an uncaught
+        # exception); close() unregisters this.
+        _ExitState.install()
+        atexit.register(self._at_exit)
         restarts = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
         if restarts > 0 and rank == 0:
             self.event("restart", restart_count=restarts, rank=rank)
@@ -313,8 +344,36 @@ class Reporter:
     def restart(self, **fields: Any) -> None:
         self.event("restart", rank=self.rank, **fields)
 
-    def close(self, drain_timeout: float = 10.0) -> None:
-        """Spool what is buffered and deliver for up to `drain_timeout` seconds."""
-        if self.shipper is not None:
-            self.shipper.close(drain_timeout=drain_timeout)
-            self.shipper = None
+    def close(
+        self,
+        drain_timeout: float = 10.0,
+        *,
+        state: str | None = "finished",
+        message: str | None = None,
+    ) -> None:
+        """Send a `run_end` event (`state` finished or failed, an optional `message`; None
+        sends none, e.g. for a process that hands the run on), spool what is buffered and
+        deliver for up to `drain_timeout` seconds. Later calls do nothing."""
+        if self.shipper is None:
+            return
+        atexit.unregister(self._at_exit)
+        if state is not None:
+            if state not in ("finished", "failed"):
+                raise ValueError(f"a run ends finished or failed, not {state!r}")
+            self.event("run_end", state=state, rank=self.rank, message=message)
+        self.shipper.close(drain_timeout=drain_timeout)
+        self.shipper = None
+
+    def _at_exit(self) -> None:
+        failure = _ExitState.failure
+        self.close(state="failed" if failure else "finished", message=failure)
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: Any, tb: Any) -> None:
+        """Ends the run: failed when the block raised (KeyboardInterrupt included)."""
+        if kind is None:
+            self.close()
+        else:
+            self.close(state="failed", message=f"{kind.__name__}: {value}"[:8000])

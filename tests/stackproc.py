@@ -1,4 +1,5 @@
-"""Real processes for tests: the ASGI server, Celery worker (with beat), live publisher.
+"""Real processes for tests: the servers, Celery workers (ingest; periodic, with beat), live
+publisher.
 
 Everything binds 127.0.0.1 and is stopped by the fixture that started it."""
 
@@ -112,8 +113,8 @@ class Process:
 
 class Stack:
     """The processes of `make run` (opsboard.stack.server_commands) on one database and Redis:
-    gunicorn for HTTP, uvicorn for websockets, a supervised Celery worker with beat, and the
-    live publisher."""
+    gunicorn for HTTP, uvicorn for websockets, a supervised Celery worker for ingest, another
+    for the periodic queue with beat embedded, and the live publisher."""
 
     def __init__(self, env: dict[str, str], name: str = "stack", publisher: bool = True) -> None:
         from opsboard.stack import server_commands
@@ -135,13 +136,15 @@ class Stack:
         self.web = Process(f"{name}-web", commands["web"], self.env)
         self.ws = Process(f"{name}-ws", commands["ws"], self.env)
         self.worker = Process(f"{name}-worker", commands["worker"], self.env, supervised=True)
+        self.periodic = Process(f"{name}-periodic", commands["periodic"], self.env, supervised=True)
         self.publisher = (
             Process(f"{name}-publisher", commands["publisher"], self.env) if publisher else None
         )
 
     @property
     def processes(self) -> list[Process]:
-        return [p for p in (self.web, self.ws, self.worker, self.publisher) if p is not None]
+        processes = (self.web, self.ws, self.worker, self.periodic, self.publisher)
+        return [p for p in processes if p is not None]
 
     def start(self) -> Stack:
         for process in self.processes:

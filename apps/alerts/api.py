@@ -3,13 +3,17 @@ from typing import Any, Literal
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 from ninja.security import SessionAuth
+from pydantic import field_validator
 
 from apps.alerts.selectors import alert_get, alert_json, alert_list
 from apps.alerts.services import AlertAlreadyAcknowledged, AlertResolved, alert_acknowledge
 from apps.clusters.models import Cluster
 from apps.ingest.auth import reader_auth
+from apps.ingest.bounds import NAME_MAX_LENGTH
 from apps.ingest.schemas import Errors
+from apps.telemetry.api import CLUSTER_MAX_LENGTH, timestamp_field
 from opsboard.errors import FieldError
+from opsboard.middleware import NUL_MESSAGE
 
 router = Router(tags=["alerts"])
 
@@ -37,15 +41,26 @@ class AlertsOut(Schema):
 
 
 class AlertsQuery(Schema):
-    run: str | None = None
-    node: str | None = None
+    run: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
+    node: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
     state: Literal["firing", "acknowledged", "resolved"] | None = None
-    since: float | None = Field(default=None, description="alerts that changed state since")
-    cluster: str | None = Field(default=None, description="for a logged-in user")
+    since: float | None = timestamp_field("alerts that changed state since (Unix seconds)")
+    cluster: str | None = Field(
+        default=None, max_length=CLUSTER_MAX_LENGTH, description="for a logged-in user"
+    )
 
 
 class AckIn(Schema):
+    # stored in a text column: no NUL (the query string and forms are checked by
+    # opsboard.middleware, a JSON body only here)
     note: str = Field(default="", max_length=2000)
+
+    @field_validator("note")
+    @classmethod
+    def no_nul(cls, note: str) -> str:
+        if "\x00" in note:
+            raise ValueError(NUL_MESSAGE)
+        return note
 
 
 @router.get(

@@ -133,3 +133,16 @@ class ClusterDetectorConfig(models.Model):
             DEFAULT_CONFIG.with_overrides(self.overrides)
         except (ValueError, TypeError) as error:
             raise ValidationError({"overrides": str(error)}) from None
+
+
+class DetectorPass(models.Model):
+    """When a cluster's detectors last ran (continuously, by beat) and how long that took:
+    the overview shows its age, so a stalled evaluation is visible rather than silent."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="detector_pass")
+    ran_at = models.DateTimeField(help_text="when the last pass finished")
+    duration_s = models.FloatField(help_text="seconds the last pass took")
+    findings = models.IntegerField(default=0, help_text="findings of the last pass")
+
+    def __str__(self) -> str:
+        return f"detectors of {self.cluster} ran at {self.ran_at:%H:%M:%S}"

@@ -35,6 +35,13 @@ class Node(models.Model):
     info = models.JSONField(default=dict, blank=True, help_text="node_info from the agent")
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.ACTIVE)
     last_seen = models.DateTimeField(null=True, blank=True)
+    # A node agent sends batches without a `run`. Only such a node can go missing (heartbeat);
+    # one heard only from inside training jobs follows its run: idle once the run ended.
+    # Ingest sets it from the first batch (nodes_touch); nodes made otherwise (and those
+    # stored before this field existed) are assumed to have an agent.
+    has_agent = models.BooleanField(
+        default=True, help_text="has sent a batch without a run (a node agent runs there)"
+    )
 
     class Meta:
         constraints = [

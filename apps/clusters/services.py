@@ -36,26 +36,30 @@ def token_revoke(*, token: AgentToken) -> None:
 
 
 def nodes_touch(
-    *, seen: dict[tuple[int, str], tuple[datetime, dict | None]]
+    *,
+    seen: dict[tuple[int, str], tuple[datetime, dict | None]],
+    agents: set[tuple[int, str]] | frozenset[tuple[int, str]] = frozenset(),
 ) -> dict[tuple[int, str], int]:
     """Register unknown nodes and set `last_seen` (and `info` when sent) of the others.
 
-    `seen` maps (cluster_id, node name) to (received at, node_info or None); returns
-    (cluster_id, name) → node id."""
+    `seen` maps (cluster_id, node name) to (received at, node_info or None); the nodes in
+    `agents` sent a batch without a run (a node agent), and `has_agent` stays set once set.
+    Returns (cluster_id, name) → node id."""
     from psycopg.types.json import Jsonb
 
     rows = [
-        (cluster_id, name, at, Jsonb(info or {}), info is not None)
+        (cluster_id, name, at, Jsonb(info or {}), (cluster_id, name) in agents, info is not None)
         for (cluster_id, name), (at, info) in sorted(seen.items())  # sorted: no deadlocks
     ]
     ids: dict[tuple[int, str], int] = {}
     with connection.connection.cursor() as cursor:
         for row in rows:
             cursor.execute(
-                "INSERT INTO clusters_node (cluster_id, name, last_seen, info, state)"
-                " VALUES (%s, %s, %s, %s, 'active')"
+                "INSERT INTO clusters_node (cluster_id, name, last_seen, info, has_agent, state)"
+                " VALUES (%s, %s, %s, %s, %s, 'active')"
                 " ON CONFLICT (cluster_id, name) DO UPDATE SET"
                 "  last_seen = GREATEST(clusters_node.last_seen, EXCLUDED.last_seen),"
+                "  has_agent = clusters_node.has_agent OR EXCLUDED.has_agent,"
                 "  info = CASE WHEN %s THEN EXCLUDED.info ELSE clusters_node.info END"
                 " RETURNING id",
                 row,

@@ -8,6 +8,11 @@ class RunState(models.TextChoices):
     FAILED = "failed"
 
 
+# A run_end event (finished or failed) ends a run: it is no longer evaluated, and its nodes
+# without a node agent are idle rather than missing.
+ENDED_STATES = (RunState.FINISHED, RunState.FAILED)
+
+
 class EventKind(models.TextChoices):
     CHECKPOINT = "checkpoint"
     RESTART = "restart"
@@ -16,3 +21,4 @@ class EventKind(models.TextChoices):
     ECC = "ecc"
     ERROR = "error"
     LOG = "log"
+    RUN_END = "run_end"

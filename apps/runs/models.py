@@ -14,6 +14,12 @@ class Run(models.Model):
     last_step = models.BigIntegerField(null=True, blank=True)
     last_step_at = models.DateTimeField(null=True, blank=True)
     world_size = models.IntegerField(default=0, help_text="highest rank seen + 1")
+    ended_at = models.DateTimeField(
+        null=True, blank=True, help_text="the newest run_end event's time, while ended"
+    )
+    end_message = models.TextField(
+        blank=True, default="", db_default="", help_text="the run_end event's message"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -31,6 +31,15 @@ class RunSeen:
         self.world_size = max(self.world_size, step["rank"] + 1)
 
 
+# Steps this much newer than a run's end mean it runs again (a job restarted under the same
+# name); closer ones are the last steps of ranks that ended a moment after the first one.
+RUN_RESUME_AFTER_S = 60.0
+_RESUMED = (
+    "runs_run.ended_at IS NOT NULL AND EXCLUDED.last_step_at >"
+    " runs_run.ended_at + make_interval(secs => %s)"
+)
+
+
 def runs_touch(*, seen: dict[tuple[int, str], RunSeen]) -> dict[tuple[int, str], int]:
     """Create runs on first sight and widen their step range; returns (cluster, name) → id."""
     ids: dict[tuple[int, str], int] = {}
@@ -44,9 +53,20 @@ def runs_touch(*, seen: dict[tuple[int, str], RunSeen]) -> dict[tuple[int, str],
                 "  first_step = LEAST(runs_run.first_step, EXCLUDED.first_step),"
                 "  last_step = GREATEST(runs_run.last_step, EXCLUDED.last_step),"
                 "  last_step_at = GREATEST(runs_run.last_step_at, EXCLUDED.last_step_at),"
-                "  world_size = GREATEST(runs_run.world_size, EXCLUDED.world_size)"
+                "  world_size = GREATEST(runs_run.world_size, EXCLUDED.world_size),"
+                f"  state = CASE WHEN {_RESUMED} THEN 'running' ELSE runs_run.state END,"
+                f"  ended_at = CASE WHEN {_RESUMED} THEN NULL ELSE runs_run.ended_at END"
                 " RETURNING id",
-                [cluster_id, name, run.first_step, run.last_step, run.last_step_at, run.world_size],
+                [
+                    cluster_id,
+                    name,
+                    run.first_step,
+                    run.last_step,
+                    run.last_step_at,
+                    run.world_size,
+                    RUN_RESUME_AFTER_S,
+                    RUN_RESUME_AFTER_S,
+                ],
             )
             ids[cluster_id, name] = cursor.fetchone()[0]
     return ids
@@ -164,4 +184,51 @@ def events_store(*, events: list[tuple[int, int, int | None, dict[str, Any]]]) -
             " data) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
             rows,
         )
+    runs_end(
+        events=[(run_id, event) for _, _, run_id, event in events if run_id is not None],
+    )
     return len(rows)
+
+
+def runs_end(*, events: list[tuple[int, dict[str, Any]]]) -> int:
+    """Apply the run_end and restart events given as (run id, event record), oldest first,
+    in the caller's transaction; returns how many changed a run.
+
+    run_end: the run becomes `failed` or `finished` (failed wins: one rank that failed fails
+    the run), unless it stepped more than RUN_RESUME_AFTER_S after the event (an old end
+    replayed from a spool after a restart). restart: an ended run runs again."""
+    changed = 0
+    ordered = sorted(
+        ((run_id, event) for run_id, event in events if event["kind"] in ("run_end", "restart")),
+        key=lambda item: (item[0], item[1]["ts"]),  # run id order: no deadlocks
+    )
+    with connection.connection.cursor() as cursor:
+        for run_id, event in ordered:
+            at = to_datetime(event["ts"])
+            if event["kind"] == "restart":
+                cursor.execute(
+                    "UPDATE runs_run SET state = 'running', ended_at = NULL"
+                    " WHERE id = %s AND ended_at IS NOT NULL AND ended_at <= %s",
+                    [run_id, at],
+                )
+            else:
+                cursor.execute(
+                    "UPDATE runs_run SET"
+                    "  state = CASE WHEN %s = 'failed' OR (state = 'failed' AND ended_at"
+                    "   IS NOT NULL) THEN 'failed' ELSE 'finished' END,"
+                    "  ended_at = GREATEST(ended_at, %s),"
+                    "  end_message = CASE WHEN %s <> '' THEN %s ELSE end_message END"
+                    " WHERE id = %s AND (last_step_at IS NULL"
+                    "  OR last_step_at <= %s + make_interval(secs => %s))",
+                    [
+                        event.get("state"),
+                        at,
+                        event.get("message") or "",
+                        event.get("message") or "",
+                        run_id,
+                        at,
+                        RUN_RESUME_AFTER_S,
+                    ],
+                )
+            changed += cursor.rowcount
+    return changed

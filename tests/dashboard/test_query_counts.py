@@ -25,7 +25,7 @@ def xid_alerts(cluster, nodes: int) -> None:
 
 # Pinned: a change here is a change in how the page reads (session and user included).
 PAGES = {
-    "overview": ("/clusters/{c}/", 7),
+    "overview": ("/clusters/{c}/", 9),  # + ended runs, the detectors' last pass
     "run": ("/clusters/{c}/runs/" + RUN + "/", 19),
     "node": ("/clusters/{c}/nodes/node-00/", 18),
     "alerts": ("/alerts/?cluster={c}", 5),

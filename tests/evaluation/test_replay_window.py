@@ -40,6 +40,9 @@ def test_the_window_as_of_a_past_moment_holds_only_what_had_happened(agent, agen
         30,
         "the step reports",
     )
+    # Its batches carry the run; the window's nodes (heartbeat's subjects) are those with a
+    # node agent, so say one runs there too.
+    cluster.nodes.filter(name="node-a").update(has_agent=True)
 
     window = cluster_window(cluster=cluster, now=base + 40.5, as_of=True)
     (run,) = window.runs

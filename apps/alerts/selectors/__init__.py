@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 
 from apps.alerts.choices import OPEN_STATES
-from apps.alerts.models import Alert, ClusterDetectorConfig
+from apps.alerts.models import Alert, ClusterDetectorConfig, DetectorPass
 from apps.alerts.selectors.window import cluster_window, run_goodput, run_window, ts
 from apps.clusters.models import Cluster
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
@@ -19,6 +19,8 @@ from detectors.config import DEFAULT_CONFIG, DetectorConfig
 logger = logging.getLogger(__name__)
 
 ALERT_LIST_LIMIT = 1000
+# The overview flags the detectors as late after this many evaluation periods without a pass.
+LATE_PERIODS = 3
 
 
 def alert_json(alert: Alert) -> dict[str, Any]:
@@ -84,6 +86,36 @@ def detector_config(*, cluster: Cluster) -> DetectorConfig:
         return DEFAULT_CONFIG
 
 
+def detector_pass_status(*, cluster: Cluster, now: float) -> dict[str, Any] | None:
+    """When the cluster's detectors last ran and how long that took, for the overview:
+    `late` once the pass is more than LATE_PERIODS evaluation periods old. None before the
+    first pass."""
+    last = DetectorPass.objects.filter(cluster=cluster).first()
+    if last is None:
+        return None
+    age = max(0.0, now - last.ran_at.timestamp())
+    return {
+        "ran_at": last.ran_at.timestamp(),
+        "age_s": age,
+        "duration_s": last.duration_s,
+        "findings": last.findings,
+        "late": age > LATE_PERIODS * settings.ALERT_EVALUATE_INTERVAL,
+    }
+
+
+def periodic_skips() -> dict[str, int]:
+    """Periodic passes that did not run, as "<task>:<reason>" → count (reason: `expired` in
+    the queue, or `overlap` with a pass still running); see opsboard.celery."""
+    from apps.alerts.services import PERIODIC_SKIPS_KEY
+    from apps.live.services import redis_client
+
+    counts = redis_client().hgetall(PERIODIC_SKIPS_KEY.format(prefix=settings.REDIS_PREFIX))
+    return {
+        (key.decode() if isinstance(key, bytes) else key): int(value)
+        for key, value in counts.items()
+    }
+
+
 def clusters_to_evaluate(*, now: float) -> list[Cluster]:
     """Clusters that sent data recently, or that have open alerts (which must resolve),
     unless their continuous evaluation is paused (ClusterDetectorConfig.paused)."""
@@ -103,6 +135,8 @@ __all__ = [
     "cluster_window",
     "clusters_to_evaluate",
     "detector_config",
+    "detector_pass_status",
+    "periodic_skips",
     "run_goodput",
     "run_window",
     "ts",

@@ -37,13 +37,18 @@ CROSS JOIN LATERAL (
     ORDER BY s.step DESC LIMIT 1
 ) l
 WHERE r.cluster_id = %(cluster)s AND l.ts >= to_timestamp(%(now)s - %(idle)s)
+  AND NOT EXISTS (  -- ended (run_end) after its last step as of now: not evaluated
+    SELECT 1 FROM runs_runevent e WHERE e.run_id = r.id AND e.kind = 'run_end'
+      AND e.ts >= l.ts AND e.ts <= to_timestamp(%(now)s)
+  )
 """
 
 
 def replay_runs(*, cluster: Cluster, now: float) -> tuple[list[Run], dict[int, float]]:
-    """The runs that had stepped within ALERT_IDLE_S before `now`, each with last_step and
-    last_step_at as of `now` (set on the instance only, never saved), and their start
-    times (first step's start) by run id."""
+    """The runs that had stepped within ALERT_IDLE_S before `now` and had not ended (a
+    run_end after their last step) by then, each with last_step and last_step_at as of `now`
+    (set on the instance only, never saved), and their start times (first step's start) by
+    run id."""
     with connection.cursor() as cursor:
         cursor.execute(
             _RUNS_SQL, {"cluster": cluster.pk, "now": now, "idle": settings.ALERT_IDLE_S}

@@ -56,11 +56,14 @@ def cluster_window(*, cluster: Cluster, now: float, as_of: bool = False) -> Clus
     whatever its size: nodes, active runs (the last ALERT_STEP_WINDOW steps of every rank),
     node events, and recent telemetry of WINDOW_METRICS. With `as_of`, the window as it
     stood at a past `now` (see the module docstring)."""
-    nodes = {
-        node.id: node
-        for node in Node.objects.filter(cluster=cluster).only("id", "name", "state", "last_seen")
-    }
-    names = {node_id: node.name for node_id, node in nodes.items()}
+    everyone = list(
+        Node.objects.filter(cluster=cluster).only("id", "name", "state", "last_seen", "has_agent")
+    )
+    names = {node.id: node.name for node in everyone}
+    # Only nodes with a node agent can go missing (heartbeat); one heard only from inside a
+    # training job follows its run: idle once the run ended, and `hang` speaks when the run
+    # stops without ending (no silent node of its own then excuses the stall).
+    nodes = {node.id: node for node in everyone if node.has_agent}
     telemetry = _telemetry(names=names, now=now, end=now + (1e-3 if as_of else 1.0))
     if as_of:
         runs, started = replay_runs(cluster=cluster, now=now)
@@ -71,7 +74,7 @@ def cluster_window(*, cluster: Cluster, now: float, as_of: bool = False) -> Clus
         last_seen = {node_id: ts(node.last_seen) for node_id, node in nodes.items()}
         intervals = _batch_intervals(node_ids=list(nodes), now=now)
     node_events = RunEvent.objects.filter(
-        node_id__in=list(nodes), ts__gte=_at(now - settings.ALERT_EVENT_WINDOW_S)
+        node_id__in=list(names), ts__gte=_at(now - settings.ALERT_EVENT_WINDOW_S)
     ).filter(kind__in=NODE_EVENT_KINDS)
     if as_of:
         node_events = node_events.filter(ts__lte=_at(now))
