@@ -35,7 +35,7 @@ class Agent:
         now = time.time() if now is None else now
         for collector in self.collectors:
             try:
-                samples = collector.collect(now)
+                samples, encoded = collector.collect_encoded(now)
                 events = collector.take_events()
             except Exception:
                 self.collector_errors += 1
@@ -44,7 +44,7 @@ class Agent:
                 self._failing.add(collector.name)
                 continue
             self._failing.discard(collector.name)
-            self.shipper.add(samples=samples, events=events)
+            self.shipper.add(samples=samples, events=events, encoded=encoded)
         self.shipper.add(samples=self._self_metrics(now))
         self.ticks += 1
         return self.shipper.flush()

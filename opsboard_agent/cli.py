@@ -1,7 +1,8 @@
 """`opsboard-agent run`: the node agent as a command (also `python -m opsboard_agent`).
 
 Every option has an environment variable (OPSBOARD_SERVER, OPSBOARD_TOKEN_FILE,
-OPSBOARD_NODE, OPSBOARD_SCRAPE (space- or comma-separated), OPSBOARD_INTERVAL,
+OPSBOARD_NODE, OPSBOARD_SCRAPE (space- or comma-separated), OPSBOARD_SCRAPE_BUCKETS
+(space-separated), OPSBOARD_INTERVAL,
 OPSBOARD_SPOOL_DIR, OPSBOARD_SPOOL_MAX_MB, OPSBOARD_LOG_LEVEL, OPSBOARD_NO_GPU,
 OPSBOARD_SPOOL_JOURNAL); a flag wins over its variable. The token is read from a file so it
 never shows in `ps`. SIGTERM/SIGINT stop the loop; the buffer is spooled and the sender
@@ -30,6 +31,7 @@ from opsboard_agent.records import sanitize_name
 from opsboard_agent.sender import Sender
 from opsboard_agent.shipper import Shipper
 from opsboard_agent.spool import Spool, SpoolLocked
+from opsboard_agent.targets import TargetError, parse_targets
 
 log = logging.getLogger("opsboard_agent")
 
@@ -63,9 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--scrape",
         action="append",
-        metavar="URL",
+        metavar="[NAME=]URL",
         default=(env("OPSBOARD_SCRAPE") or "").replace(",", " ").split(),
-        help="a Prometheus/OpenMetrics endpoint to scrape (repeatable)",
+        help="a Prometheus/OpenMetrics endpoint to scrape (repeatable); its series are stored "
+        "as NAME:series (default NAME: node for port 9100, dcgm for 9400, process for 9256, "
+        "else scrape_PORT)",
+    )
+    run.add_argument(
+        "--scrape-buckets",
+        action="append",
+        metavar="NAME=FAMILY[,FAMILY...]",
+        default=(env("OPSBOARD_SCRAPE_BUCKETS") or "").split(),
+        help="histogram families of target NAME whose buckets are kept (NAME=* for all; "
+        "buckets are dropped otherwise)",
     )
     run.add_argument(
         "--interval",
@@ -113,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot read the token file: %s", exc)
         return 2
     try:
+        targets = parse_targets(args.scrape, args.scrape_buckets)
+    except TargetError as exc:
+        log.error("%s", exc)
+        return 2
+    try:
         spool = Spool(
             args.spool_dir,
             max_bytes=int(args.spool_max_mb * 1024 * 1024),
@@ -123,11 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     collectors: list[Collector] = [HostCollector()]
     gpu = None if args.no_gpu else GpuCollector()
-    if gpu is not None:
+    if gpu is not None and gpu.available:
         collectors.append(gpu)
-    if args.scrape:
-        collectors.append(ScrapeCollector(args.scrape, timeout=min(5.0, args.interval)))
-    node_info = {"cpus": psutil.cpu_count() or 0, "mem_bytes": psutil.virtual_memory().total}
+    if targets:
+        collectors.append(ScrapeCollector(targets, timeout=min(5.0, args.interval)))
+    node_info: dict[str, int | str] = {
+        "cpus": psutil.cpu_count() or 0,
+        "mem_bytes": psutil.virtual_memory().total,
+    }
     if gpu is not None and gpu.available:
         node_info["gpus"] = gpu.gpu_count
         if gpu.gpu_model:
@@ -145,14 +165,18 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # Only the collectors that run: one that found no source already said so.
     log.info(
-        "opsboard-agent: node %s → %s every %.1f s (spool %s, %d collectors)",
+        "opsboard-agent: node %s → %s every %.1f s (spool %s, %d collectors: %s)",
         node,
         args.server,
         args.interval,
         args.spool_dir,
         len(collectors),
+        ", ".join(c.name for c in collectors),
     )
+    for target in targets:
+        log.info("scrape target %s: %s", target.name, target.url)
     try:
         agent.run(stop)
     finally:

@@ -3,12 +3,15 @@ data). Pure: the caller owns the clock and the readings."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 def counter_rates(
-    previous: Mapping[str, float], previous_ts: float, current: Mapping[str, float], ts: float
-) -> dict[str, float]:
+    previous: Mapping[K, float], previous_ts: float, current: Mapping[K, float], ts: float
+) -> dict[K, float]:
     """Rates (units per second) for the counters present in both readings.
 
     A counter that went down (a reset: driver reload, NIC re-created, 32-bit wrap the source
@@ -17,7 +20,7 @@ def counter_rates(
     elapsed = ts - previous_ts
     if elapsed <= 0:
         return {}
-    rates = {}
+    rates: dict[K, float] = {}
     for key, value in current.items():
         before = previous.get(key)
         if before is None or value < before:

@@ -14,10 +14,10 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from opsboard_agent.records import Event, Sample, Step, sample
+from opsboard_agent.records import EncodedSamples, Event, Sample, Step, sample
 from opsboard_agent.sender import Sender
 from opsboard_agent.spool import Spool
 
@@ -51,6 +51,7 @@ class Shipper:
         self._samples: list[Sample] = []
         self._steps: list[Step] = []
         self._events: list[Event] = []
+        self._encoded: list[EncodedSamples] = []
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -59,15 +60,18 @@ class Shipper:
         samples: Iterable[Sample] = (),
         steps: Iterable[Step] = (),
         events: Iterable[Event] = (),
+        encoded: Iterable[EncodedSamples] = (),
     ) -> None:
         with self._lock:
             self._samples.extend(samples)
             self._steps.extend(steps)
             self._events.extend(events)
+            self._encoded.extend(encoded)
 
     def pending(self) -> int:
         with self._lock:
-            return len(self._samples) + len(self._steps) + len(self._events)
+            encoded = sum(chunk.count for chunk in self._encoded)
+            return len(self._samples) + len(self._steps) + len(self._events) + encoded
 
     def flush(self) -> list[str]:
         """Spool everything buffered; returns the new batch_ids (none when empty). The
@@ -77,22 +81,39 @@ class Shipper:
                 samples, self._samples = self._samples, []
                 steps, self._steps = self._steps, []
                 events, self._events = self._events, []
-            if not (samples or steps or events):
+                encoded, self._encoded = self._encoded, []
+            if not (samples or steps or events or encoded):
                 return []
             samples.extend(self._self_metrics(time.time()))
+            if encoded:
+                # One batch a tick: the few dict samples join the encoded ones.
+                text = json.dumps(samples, separators=(",", ":"), allow_nan=False)[1:-1]
+                encoded.insert(0, EncodedSamples(text, len(samples)))
+                samples = []
             ids = []
             records = (
                 [("samples", r) for r in samples]
                 + [("steps", r) for r in steps]
                 + [("events", r) for r in events]
             )
+            extra: Sequence[tuple[str, Mapping[str, Any]]] = []
+            if encoded and len(records) < self.max_records - encoded[0].count:
+                extra, records = records, []  # this tick's events ride with its samples
             for start in range(0, len(records), self.max_records):
                 ids.append(self._spool_batch(records[start : start + self.max_records]))
+            # Encoded chunks (a scrape target's tick each) go whole, as many to a batch as fit.
+            while encoded:
+                size, count = 1, encoded[0].count
+                while size < len(encoded) and count + encoded[size].count <= self.max_records:
+                    count += encoded[size].count
+                    size += 1
+                ids.append(self._spool_encoded(encoded[:size], extra))
+                encoded, extra = encoded[size:], []
             if self.sender is not None:
                 self.sender.notify()
             return ids
 
-    def _spool_batch(self, records: list[tuple[str, dict[str, Any]]]) -> str:
+    def _spool_batch(self, records: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
         self._count += 1
         batch_id = f"{self.node[:96]}/{self.instance}/{self._count}"
         batch: dict[str, Any] = {"batch_id": batch_id, "node": self.node}
@@ -104,6 +125,25 @@ class Shipper:
             batch["run"] = self.run
         body = json.dumps(batch, separators=(",", ":"), allow_nan=False).encode()
         self.spool.put(batch_id, body)
+        return batch_id
+
+    def _spool_encoded(
+        self, chunks: Sequence[EncodedSamples], records: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> str:
+        """A batch of samples that are already JSON (spliced in, not decoded again), with
+        `records` (steps, events) as in `_spool_batch`."""
+        self._count += 1
+        batch_id = f"{self.node[:96]}/{self.instance}/{self._count}"
+        batch: dict[str, Any] = {"batch_id": batch_id, "node": self.node}
+        if self.node_info:
+            batch["node_info"] = self.node_info
+        for key, record in records:
+            batch.setdefault(key, []).append(record)
+        if self.run is not None and (batch.get("steps") or batch.get("events")):
+            batch["run"] = self.run
+        head = json.dumps(batch, separators=(",", ":"), allow_nan=False)
+        samples = ",".join(chunk.text for chunk in chunks)
+        self.spool.put(batch_id, f'{head[:-1]},"samples":[{samples}]}}'.encode())
         return batch_id
 
     def _self_metrics(self, now: float) -> list[Sample]:

@@ -136,7 +136,7 @@ class Spool:
                 seq = next(iter(self._entries))
                 try:
                     body = self._path(seq).read_bytes()
-                    batch_id = str(json.loads(body)["batch_id"])
+                    batch_id = _batch_id(body)
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     log.error("spool: dropping unreadable batch %d: %s", seq, exc)
                     self._discard(seq)
@@ -205,6 +205,23 @@ class Spool:
         if not self._lock_file.closed:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()
+
+
+_BATCH_ID_HEAD = b'{"batch_id":"'
+
+
+def _batch_id(body: bytes) -> str:
+    """The batch_id of a spooled body. The shipper writes it first, so it is read from the
+    head: decoding a node's 300 kB batch once a second only for its id cost more CPU than
+    building it."""
+    if body.startswith(_BATCH_ID_HEAD):
+        text = body[:4096].decode("utf-8", "replace")
+        try:
+            # public in CPython's json.decoder, missing from typeshed
+            return json.decoder.scanstring(text, len(_BATCH_ID_HEAD))[0]  # type: ignore[attr-defined]
+        except ValueError:
+            pass
+    return str(json.loads(body)["batch_id"])
 
 
 def _worth_logging(count: int) -> bool:

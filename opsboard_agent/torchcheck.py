@@ -90,7 +90,7 @@ def canary(
         ]
     )
     del grads
-    result = {"norm": float(torch.linalg.vector_norm(flat)), "proj": []}
+    result: dict[str, Any] = {"norm": float(torch.linalg.vector_norm(flat)), "proj": []}
     generator = torch.Generator(device="cpu").manual_seed(seed)
     count = min(flat.numel(), PROJECTION_COORDS)
     for _ in range(projections):

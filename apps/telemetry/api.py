@@ -1,32 +1,68 @@
 import time
+from typing import Any
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
 from apps.clusters.models import Node
 from apps.ingest.auth import reader_auth
+from apps.ingest.bounds import GPU_MAX, METRIC_MAX_LENGTH, NAME_MAX_LENGTH
 from apps.ingest.schemas import Errors
-from apps.telemetry.selectors import metric_id_get, series_read
+from apps.telemetry.selectors import (
+    SOURCE_PATTERN,
+    metric_id_get,
+    metric_of,
+    node_series_list,
+    series_grouped,
+    series_known,
+    series_read,
+    source_known,
+)
 from opsboard.errors import FieldError
 
 router = Router(tags=["reading back"])
 
 DEFAULT_RANGE_S = 3600
+# Read bounds: a timestamp Postgres's to_timestamp() and Python's datetime both take (1e10
+# is the year 2286), and a bucket no wider than a year. NaN and ±Infinity are refused:
+# they have no place in a range and would reach the database as timestamps.
+TS_MAX = 1e10
+STEP_MAX_S = 366 * 86_400
+CLUSTER_MAX_LENGTH = 64  # clusters_cluster.name
+
+
+def source_field() -> Any:
+    return Field(
+        default=None, min_length=1, max_length=METRIC_MAX_LENGTH, pattern=SOURCE_PATTERN,
+        description="scrape target name: its series are stored as `<source>:<metric>`",
+    )  # fmt: skip
+
+
+def timestamp_field(description: str = "Unix seconds") -> Any:
+    """An optional query timestamp within [0, TS_MAX]."""
+    return Field(default=None, ge=0, le=TS_MAX, allow_inf_nan=False, description=description)
 
 
 class SeriesQuery(Schema):
-    node: str = Field(min_length=1)
-    metric: str = Field(min_length=1, max_length=128)
-    gpu: int | None = Field(default=None, ge=0)
-    start: float | None = None
-    end: float | None = None
-    step: float = Field(default=0, ge=0, description="bucket seconds; 0: raw points")
-    cluster: str | None = Field(default=None, description="for a logged-in user")
+    node: str = Field(min_length=1, max_length=NAME_MAX_LENGTH)
+    metric: str = Field(min_length=1, max_length=METRIC_MAX_LENGTH)
+    gpu: int | None = Field(default=None, ge=0, le=GPU_MAX)
+    source: str | None = source_field()
+    start: float | None = timestamp_field()
+    end: float | None = timestamp_field()
+    step: float = Field(
+        default=0, ge=0, le=STEP_MAX_S, allow_inf_nan=False,
+        description="bucket seconds; 0: raw points",
+    )  # fmt: skip
+    cluster: str | None = Field(
+        default=None, max_length=CLUSTER_MAX_LENGTH, description="for a logged-in user"
+    )
 
 
 class SeriesOut(Schema):
     node: str
     metric: str
+    source: str | None
     gpu: int | None
     step: float
     points: list[list[float]]
@@ -40,6 +76,30 @@ def request_cluster_filter(request: HttpRequest, cluster: str | None) -> dict:
     return {"cluster__name": cluster} if cluster else {}
 
 
+def _node_id(request: HttpRequest, name: str, cluster: str | None) -> int:
+    """The id of the node `name` the reader may see; 404/400 naming `node` otherwise."""
+    nodes = list(
+        Node.objects.filter(name=name, **request_cluster_filter(request, cluster)).values_list(
+            "id", flat=True
+        )[:2]
+    )
+    if len(nodes) != 1:
+        raise FieldError(
+            404 if not nodes else 400,
+            "node",
+            "no such node" if not nodes else "in several clusters: name the cluster",
+        )
+    return nodes[0]
+
+
+def _unknown_series(node_id: int, query: SeriesQuery) -> FieldError:
+    """A 404 naming what the node never sent: the source, or the metric (on that GPU)."""
+    if query.source and not source_known(node_id=node_id, source=query.source):
+        return FieldError(404, "source", f"node {query.node} sent nothing from {query.source}")
+    where = f" for GPU {query.gpu}" if query.gpu is not None else ""
+    return FieldError(404, "metric", f"node {query.node} never sent {query.metric}{where}")
+
+
 @router.get("/series", auth=reader_auth, response={200: SeriesOut, 400: Errors, 404: Errors})
 def series(request: HttpRequest, query: Query[SeriesQuery]):
     end = query.end if query.end is not None else time.time()
@@ -48,34 +108,64 @@ def series(request: HttpRequest, query: Query[SeriesQuery]):
         raise FieldError(400, "start", "must be before end")
     if query.step and (end - start) / query.step > 100_000:
         raise FieldError(400, "step", "too small for the range: over 100,000 buckets")
-    nodes = list(
-        Node.objects.filter(
-            name=query.node, **request_cluster_filter(request, query.cluster)
-        ).values_list("id", flat=True)[:2]
+    node_id = _node_id(request, query.node, query.cluster)
+    metric = metric_of(source=query.source, name=query.metric)
+    metric_id = metric_id_get(name=metric)
+    if metric_id is None:
+        raise _unknown_series(node_id, query)
+    points = series_read(
+        node_id=node_id, metric_id=metric_id, gpu=query.gpu, start=start, end=end, step=query.step
     )
-    if len(nodes) != 1:
-        raise FieldError(
-            404 if not nodes else 400,
-            "node",
-            "no such node" if not nodes else "in several clusters: name the cluster",
-        )
-    metric_id = metric_id_get(name=query.metric)
-    points = (
-        []
-        if metric_id is None
-        else series_read(
-            node_id=nodes[0],
-            metric_id=metric_id,
-            gpu=query.gpu,
-            start=start,
-            end=end,
-            step=query.step,
-        )
-    )
+    # An empty range of a series the node sends is an answer; a series it never sent is not.
+    if not points and not series_known(
+        node_id=node_id, metric=metric, metric_id=metric_id, gpu=query.gpu
+    ):
+        raise _unknown_series(node_id, query)
     return {
         "node": query.node,
         "metric": query.metric,
+        "source": query.source,
         "gpu": query.gpu,
         "step": query.step,
         "points": points,
     }
+
+
+class SourceOut(Schema):
+    source: str | None = Field(description="scrape target; null: core and agent metrics")
+    series: int
+
+
+class SeriesKeyOut(Schema):
+    metric: str = Field(description="the stored name, `<source>:<name>` for scraped series")
+    source: str | None
+    name: str
+    gpu: int | None
+
+
+class NodeSeriesQuery(Schema):
+    source: str | None = source_field()
+    cluster: str | None = Field(
+        default=None, max_length=CLUSTER_MAX_LENGTH, description="for a logged-in user"
+    )
+
+
+class NodeSeriesOut(Schema):
+    node: str
+    sources: list[SourceOut]
+    series: list[SeriesKeyOut]
+
+
+@router.get(
+    "/nodes/{name}/series",
+    auth=reader_auth,
+    response={200: NodeSeriesOut, 400: Errors, 404: Errors},
+)
+def node_series(request: HttpRequest, name: str, query: Query[NodeSeriesQuery]):
+    """Every series the node has sent: the sources with their counts, and the series (of
+    `source` only, when given)."""
+    node_id = _node_id(request, name, query.cluster)
+    grouped = series_grouped(series=node_series_list(node_id=node_id), source=query.source)
+    if query.source and not grouped["series"]:
+        raise FieldError(404, "source", f"node {name} sent nothing from {query.source}")
+    return {"node": name, **grouped}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from opsboard_agent.records import Event, Sample
+from opsboard_agent.records import EncodedSamples, Event, Sample
 
 
 class Collector(ABC):
@@ -18,6 +18,10 @@ class Collector(ABC):
     @abstractmethod
     def collect(self, now: float) -> list[Sample]:
         """Samples read at `now` (empty when the source is unavailable)."""
+
+    def collect_encoded(self, now: float) -> tuple[list[Sample], list[EncodedSamples]]:
+        """What the agent calls: samples, and samples already encoded as JSON."""
+        return self.collect(now), []
 
     def take_events(self) -> list[Event]:
         """Events seen since the last call (none by default)."""

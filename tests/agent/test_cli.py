@@ -74,3 +74,43 @@ def test_it_refuses_to_start_without_a_server(tmp_path):
         env={k: v for k, v in os.environ.items() if not k.startswith("OPSBOARD_")},
     )
     assert result.returncode == 2 and "--server" in result.stderr
+
+
+def test_the_start_up_log_counts_only_the_collectors_that_run(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("x")
+    agent = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "opsboard_agent", "run", "--server", closed_port_url()),
+            *("--token-file", str(token), "--interval", "0.2"),
+            *("--spool-dir", str(tmp_path / "spool"), "--scrape", closed_port_url() + "/m"),
+        ],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    time.sleep(2)
+    agent.send_signal(signal.SIGTERM)
+    _, stderr = agent.communicate(timeout=30)
+    # No NVIDIA driver here: the GPU collector said so and is not counted.
+    assert "GPU collector unavailable" in stderr
+    assert "2 collectors: host, scrape)" in stderr
+    assert "scrape target scrape_" in stderr
+
+
+def test_it_refuses_two_scrape_targets_of_one_name(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("x")
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "opsboard_agent", "run", "--server", "http://s"),
+            *("--token-file", str(token), "--spool-dir", str(tmp_path / "spool")),
+            *("--scrape", "a=http://h:1/", "--scrape", "a=http://h:2/"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 2 and "two scrape targets are named 'a'" in result.stderr

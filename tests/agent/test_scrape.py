@@ -1,4 +1,4 @@
-"""Prometheus / OpenMetrics scraping and the DCGM mapping, on the shared real-world fixtures."""
+"""Prometheus / OpenMetrics scraping and the DCGM mapping, on the real-world tests/fixtures."""
 
 import json
 import math
@@ -11,18 +11,19 @@ from opsboard_agent.collectors.events import ErrorEvents
 from opsboard_agent.collectors.scrape import (
     ExpositionError,
     ScrapeCollector,
-    families_to_records,
+    TargetReader,
     parse_exposition,
 )
 from opsboard_agent.records import METRIC_MAX_LEN, METRIC_RE
+from opsboard_agent.targets import ScrapeTarget
 from tests.agent.conftest import FIXTURES, closed_port_url, serve_file
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
-# Valid text-format exposition among the fixtures (see fixtures/README.md). Left out: the
-# dcgm-exporter README excerpts (their "..." elision lines), the Go parser's
-# from_test_parse_error_* inputs, and node_exporter's deliberately non-matching *.txt files.
+# Valid text-format exposition among the fixtures (see tests/fixtures/README.md). Left out:
+# the dcgm-exporter README excerpts (their "..." elision lines) and node_exporter's
+# deliberately non-matching *.txt files.
 TEXT_FILES = sorted(
     [
         *FIXTURES.glob("datadog-integrations-core/*.txt"),
@@ -39,9 +40,10 @@ TEXT_FILES = sorted(
 OM_CASES = sorted(p for p in (FIXTURES / "openmetrics" / "parsers").iterdir() if p.is_dir())
 
 
-def records(text, content_type=TEXT, errors=None):
-    families = parse_exposition(text, content_type)
-    return families_to_records(families, 1_000.0, errors or ErrorEvents(), "test")
+def records(text, content_type=TEXT, errors=None, reader=None, now=1_000.0):
+    reader = reader or TargetReader(ScrapeTarget("test", "http://x"), errors or ErrorEvents())
+    scraped = reader.read(text, content_type, now)
+    return scraped.samples(), scraped.events
 
 
 def assert_contract_samples(samples):
@@ -57,14 +59,20 @@ def test_the_fixtures_are_there():
 
 @pytest.mark.parametrize("path", TEXT_FILES, ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_it_parses_every_valid_text_exposition(path):
-    samples, _ = records(path.read_text(encoding="utf-8"))
-    assert_contract_samples(samples)
+    reader = TargetReader(ScrapeTarget("test", "http://x"))
+    for now in (1_000.0, 1_001.0):  # the second scrape also has the counters' rates
+        samples, _ = records(path.read_text(encoding="utf-8"), reader=reader, now=now)
+        assert_contract_samples(samples)
+        series = [(s["metric"], s.get("gpu")) for s in samples]
+        assert len(series) == len(set(series))  # one value per series and timestamp
 
 
 def test_it_parses_the_openmetrics_captures():
     text = (FIXTURES / "prometheus" / "1histogram.om.txt").read_text()
-    samples, _ = records(text, OPENMETRICS)
-    assert samples and not any(s["metric"].endswith("_created") for s in samples)
+    reader = TargetReader(ScrapeTarget("test", "http://x"))
+    records(text, OPENMETRICS, reader=reader)
+    samples, _ = records(text, OPENMETRICS, reader=reader, now=1_001.0)  # rates from here
+    assert samples and not any("_created" in s["metric"] for s in samples)
     assert_contract_samples(samples)
 
 
@@ -103,9 +111,11 @@ def test_it_maps_dcgm_fields_to_core_metrics():
     assert core[("gpu.mem_total_bytes", 0)] == 15109 * 1024 * 1024  # MiB → bytes
     assert ("gpu.throttle_reasons", 0) in core
     names = {s["metric"] for s in samples}
-    # Unmapped fields keep their own names, exactly as exposed (no `_total` added).
-    assert {"DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"} <= names
-    assert not names & set(dcgm.CORE_FIELDS)
+    # Unmapped fields keep their own names, exactly as exposed (no `_total` added), under
+    # the target's name; counters only as rates, from the second scrape on.
+    assert "test:DCGM_FI_DEV_MEM_CLOCK" in names
+    assert not any("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in name for name in names)
+    assert not {name.partition(":")[2] for name in names} & set(dcgm.CORE_FIELDS)
     assert events == []  # XID gauge 0: no error
     assert_contract_samples(samples)
 
@@ -117,7 +127,8 @@ def test_it_never_emits_dcgm_blank_values():
     text = "\n".join(line for line in excerpt.splitlines() if line != "...") + "\n"
     samples, _ = records(text)
     names = {s["metric"] for s in samples}
-    assert "gpu.sm_clock_mhz" in names and "DCGM_FI_DEV_MEMORY_TEMP" not in names
+    assert "gpu.sm_clock_mhz" in names and "test:DCGM_FI_DEV_MEM_CLOCK" in names
+    assert "test:DCGM_FI_DEV_MEMORY_TEMP" not in names
     for blank in ("9223372036854775794", "2147483632", "140737488355328"):
         line = f'DCGM_FI_DEV_FAN_SPEED{{gpu="0"}} {blank}\nDCGM_FI_DEV_GPU_TEMP{{gpu="0"}} 40\n'
         assert [s["metric"] for s in records(line)[0]] == ["gpu.temp_c"]
@@ -125,7 +136,7 @@ def test_it_never_emits_dcgm_blank_values():
 
 def test_it_never_emits_nan_or_infinity():
     text = "a NaN\nb +Inf\nc -Inf\nd 1\n"
-    assert [s["metric"] for s in records(text)[0]] == ["d"]
+    assert [s["metric"] for s in records(text)[0]] == ["test:d"]
 
 
 def test_it_maps_every_field_of_the_dcgm_exporter_counter_lists():
@@ -177,8 +188,10 @@ def test_it_turns_xid_and_ecc_fields_into_events():
 
 
 def test_it_folds_labels_into_names_for_other_exporters():
-    text = 'node_cpu_seconds_total{cpu="0",mode="idle",job="node"} 5\n'
-    assert [s["metric"] for s in records(text)[0]] == ["node_cpu_seconds_total.cpu_0.mode_idle"]
+    text = 'node_cpu_scaling_frequency_hertz{cpu="0",governor="performance",job="node"} 5\n'
+    assert [s["metric"] for s in records(text)[0]] == [
+        "test:node_cpu_scaling_frequency_hertz.cpu_0.governor_performance"
+    ]
 
 
 def test_it_scrapes_urls_over_http(loopback):
@@ -187,9 +200,14 @@ def test_it_scrapes_urls_over_http(loopback):
     )
     loopback.routes["/om"] = serve_file(FIXTURES / "prometheus" / "1histogram.om.txt", OPENMETRICS)
     collector = ScrapeCollector([loopback.url + "/dcgm", loopback.url + "/om"])
-    samples = collector.collect(time.time())
+    collector.collect(time.time() - 1)
+    samples = collector.collect(time.time())  # the histogram's _sum/_count are rates
     names = {s["metric"] for s in samples}
-    assert "gpu.util" in names and any(n.startswith("golang_manual_histogram") for n in names)
+    port = loopback.url.rsplit(":", 1)[1]
+    assert "gpu.util" in names
+    histogram = f"scrape_{port}_2:golang_manual_histogram_seconds"
+    assert any(n.startswith(histogram + "_count.") and n.endswith(".rate") for n in names)
+    assert not any("_bucket" in n for n in names)  # not allow-listed
     assert collector.errors == 0
     assert "openmetrics" in loopback.requests[0].headers["Accept"]
 
