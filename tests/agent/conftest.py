@@ -1,4 +1,4 @@
-"""Helpers for the agent's tests: the shared fixtures directory and a loopback HTTP server
+"""Helpers for the agent's tests: the vendored fixtures (tests/fixtures) and a loopback HTTP server
 (stdlib) that serves files or scripted answers. Nothing here needs Django or a database."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
+# Third-party exposition captures, with their provenance and licences (tests/fixtures/README.md)
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 @dataclass
