@@ -57,10 +57,12 @@ def _sdc_cause(evidence: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
 
 
 EXPECTED: dict[str, Expectation] = {
-    "straggler": Expectation(("straggler",), "rank", defined_wait="20 slow steps"),
+    "straggler": Expectation(("straggler",), "rank", defined_wait="a 20-step window"),
     "sdc": Expectation(("sdc",), "rank", evidence=_sdc_cause, defined_wait="next check"),
     "oom-creep": Expectation(("oom_risk", "oom"), "gpu", consequences=("hang",)),
-    "thermal": Expectation(("thermal",), "gpu", ("straggler",), defined_wait=">85 °C for 30 s"),
+    "thermal": Expectation(
+        ("thermal",), "gpu", ("straggler",), defined_wait=">85 °C, 80 % of 30 s"
+    ),
     "xid": Expectation(("xid",), "gpu"),
     "input-bound": Expectation(("input_bound",), "node", defined_wait="20 steps"),
     "node-loss": Expectation(("heartbeat",), "node", ("hang",), defined_wait="30 s silent"),
@@ -195,7 +197,7 @@ def summarize(scored: Sequence[ScenarioScore]) -> list[KindRow]:
     for label, items in groups.items():
         faults = [item for item, _ in items if item is not None]
         times = [f.time_to_detect for f in faults if f.time_to_detect is not None]
-        kind = label.split("/")[0].split(" ")[-1]
+        kind = faults[0].fault if faults else ""
         rows.append(
             KindRow(
                 label=label,
@@ -233,3 +235,38 @@ def format_table(rows: Sequence[KindRow]) -> str:
             f"| {row.defined_wait or '—'} |"
         )
     return "\n".join(lines)
+
+
+def format_sensitivity(levels: Mapping[str, Sequence[KindRow]]) -> str:
+    """A Markdown table of the same fault at several strengths (rows: each level's labels,
+    e.g. "1.2x straggler") and noise levels (columns: `levels`' keys): found and time to
+    detect."""
+
+    def seconds(value: float | None) -> str:
+        return "—" if value is None else f"{max(0.0, value):.0f} s"
+
+    labels: list[str] = []
+    for rows in levels.values():
+        labels += [row.label for row in rows if row.label not in labels and row.label != "clean"]
+    header = "| fault |" + "".join(f" {name}: found | TTD median | TTD max |" for name in levels)
+    lines = [header, "|---|" + "---|---|---|" * len(levels)]
+    for label in sorted(labels, key=_strength):
+        cells = []
+        for rows in levels.values():
+            row = next((r for r in rows if r.label == label), None)
+            if row is None:
+                cells.append(" — | — | — |")
+            else:
+                found = f"{row.found}/{row.scenarios}"
+                cells.append(f" {found} | {seconds(row.ttd_median)} | {seconds(row.ttd_max)} |")
+        lines.append(f"| {label} |" + "".join(cells))
+    return "\n".join(lines)
+
+
+def _strength(label: str) -> tuple[float, str]:
+    """ "1.5x straggler" sorts by 1.5; other labels after, by name."""
+    head = label.split("x ", 1)[0]
+    try:
+        return float(head), label
+    except ValueError:
+        return float("inf"), label

@@ -3,7 +3,7 @@
     python -m opsboard_agent.sim --server http://127.0.0.1:8000 --token-file token \\
         --nodes 4 --gpus 8 --runs 2 --seed 7 --duration 600 --speed 10 \\
         --fault straggler:rank=5,at=60,factor=1.4 --fault xid:node=2,gpu=3,at=200 \\
-        --scenario-out scenario.json
+        --noise-cv 0.1 --spikes --scenario-out scenario.json
 
 Prints one JSON line of counts when done; exits 0 when everything was delivered, 1 when
 some batch was rejected, dropped or is still spooled, 2 on a usage error.
@@ -26,12 +26,15 @@ from opsboard_agent.sim.driver import Driver
 from opsboard_agent.sim.faults import SUBJECT, fault_parse
 from opsboard_agent.sim.layout import layout_build
 from opsboard_agent.sim.model import ClusterModel, SimConfig
+from opsboard_agent.sim.noise import Noise
 from opsboard_agent.sim.scenario import scenario_build, scenario_write
 
 log = logging.getLogger("opsboard_agent.sim")
 
 # The contract takes timestamps up to 7 days old; leave a day for delivery.
 MAX_DURATION_S = 6 * 86400
+# A busy shared cluster, not a quiet lab: 10 % jitter per step and a spike every ~100 steps.
+DEFAULT_NOISE_CV, DEFAULT_SPIKE_RATE = 0.1, 0.01
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +63,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--check-every", type=int, default=10, help="steps between SDC checks")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between saves")
     parser.add_argument(
+        "--noise-cv",
+        type=float,
+        default=DEFAULT_NOISE_CV,
+        help="per-step lognormal jitter of every rank's phases, as a coefficient of variation "
+        "(0 for the old near-noiseless model)",
+    )
+    parser.add_argument(
+        "--spikes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="rare 2-5x compute spikes on a random rank (GC pauses, pre-emption)",
+    )
+    parser.add_argument(
+        "--spike-rate", type=float, default=DEFAULT_SPIKE_RATE, help="spikes per step of a run"
+    )
+    parser.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -69,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scenario-out", type=Path, help="write the scenario JSON here")
     parser.add_argument("--spool-dir", type=Path, help="default: a fresh temporary directory")
     parser.add_argument("--drain-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--end-runs",
+        action="store_true",
+        help="end the runs when the simulation ends (run_end finished); by default they just"
+        " stop reporting, as a window of a longer job",
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="generate (and write the scenario) without sending"
     )
@@ -99,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             interval=args.interval,
             check_every=args.check_every,
             checkpoint_every=args.checkpoint_every,
+            noise=Noise(cv=args.noise_cv, spike_rate=args.spike_rate if args.spikes else 0.0),
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -151,7 +177,7 @@ def _drive(args: argparse.Namespace, model: ClusterModel, token: str, base_ts: f
     try:
         driver.run(stop)
     finally:
-        result = driver.close(drain_timeout=args.drain_timeout)
+        result = driver.close(drain_timeout=args.drain_timeout, end_runs=args.end_runs)
     print(json.dumps({**vars(result), "ok": result.ok}), flush=True)
     if result.ok and args.spool_dir is None:
         shutil.rmtree(spool_dir, ignore_errors=True)

@@ -168,8 +168,10 @@ class Driver:
             node.collector.feed(samples, events)
             node.agent.tick(now=now)
 
-    def close(self, drain_timeout: float = 30.0) -> DriveResult:
-        """Spool everything and deliver for up to `drain_timeout` seconds in all."""
+    def close(self, drain_timeout: float = 30.0, *, end_runs: bool = False) -> DriveResult:
+        """Spool everything and deliver for up to `drain_timeout` seconds in all. With
+        `end_runs` every rank's reporter ends its run (`run_end` finished); without, the
+        simulated jobs stop reporting as a killed or still-running job would."""
         deadline = time.monotonic() + drain_timeout
         shippers = [node.shipper for node in self.nodes.values()]
         shippers += [r.shipper for r in self.reporters.values() if r.shipper is not None]
@@ -178,7 +180,10 @@ class Driver:
         for node in self.nodes.values():
             node.shipper.close(drain_timeout=max(0.0, deadline - time.monotonic()))
         for reporter in self.reporters.values():
-            reporter.close(drain_timeout=max(0.0, deadline - time.monotonic()))
+            reporter.close(
+                drain_timeout=max(0.0, deadline - time.monotonic()),
+                state="finished" if end_runs else None,
+            )
         for shipper in shippers:
             self.result.undelivered_batches += len(shipper.spool)
             self.result.dropped_batches += shipper.spool.dropped

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from opsboard_agent.sim.layout import Layout, RankSlot
 
@@ -124,7 +125,7 @@ def _params(spec: str, kind: str, raw: Mapping[str, str]) -> dict[str, float | i
 
 def _resolve(
     spec: str, subject_kind: str, given: Mapping[str, str], layout: Layout
-) -> dict[str, str | int | None]:
+) -> dict[str, Any]:
     """Fill in the subject's fields from what the spec named."""
     node = _node(spec, given["node"], layout) if "node" in given else None
     if "run" in given:

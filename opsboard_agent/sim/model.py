@@ -12,6 +12,9 @@ GPU and computes; the all-reduce cannot finish before the slowest rank is ready,
 
 A slow rank therefore shows a long compute and the *shortest* comm_wait; its peers wait.
 
+With `SimConfig.noise` on, each phase of each rank's step gets a lognormal factor, a rare
+step gets a 2-5x compute spike on one rank, and telemetry jitters (`noise.Noise`).
+
 Faults change the data as `faults` documents; the run-level consequences are modelled too:
 a run stops stepping at the earliest of its `hang`, the loss of one of its nodes (the other
 ranks block in a collective: telemetry goes on) and an OOM (the job crashes: its GPUs go
@@ -28,7 +31,7 @@ from typing import Any
 
 from opsboard_agent.sim.faults import Fault
 from opsboard_agent.sim.layout import Layout, RankSlot
-from opsboard_agent.sim.noise import hexdigest, jitter
+from opsboard_agent.sim.noise import Noise, hexdigest, jitter, lognormal
 
 # The nominal split of a step, as fractions of --step-time (compute-bound, ~4 % stalls).
 DATA_SHARE, H2D_SHARE, COMPUTE_SHARE, COMM_SHARE = 0.03, 0.01, 0.80, 0.14
@@ -49,6 +52,8 @@ class SimConfig:
     check_every: int = 10
     checkpoint_every: int = 100
     tokens_per_step: int = 32768  # per rank: 8 sequences of 4096 tokens
+    # Off by default here (the model's own tests pin exact shapes); the CLI turns it on.
+    noise: Noise = Noise()
 
     def __post_init__(self) -> None:
         if not (self.step_time > 0 and self.interval > 0):
@@ -186,9 +191,14 @@ class ClusterModel:
         """(data, h2d, compute) of `slot` for a step starting at `t`; noise-free when
         `step` is None (the expectation, used for telemetry)."""
         s, key = self.config.step_time, (slot.run, slot.rank, step)
+        noise = self.config.noise
 
         def wobble(name: str, amplitude: float) -> float:
-            return 1.0 if step is None else 1.0 + amplitude * jitter(self.seed, name, *key)
+            if step is None:
+                return 1.0
+            if noise.cv > 0:
+                return lognormal(self.seed, noise.cv, name, *key)
+            return 1.0 + amplitude * jitter(self.seed, name, *key)
 
         data = DATA_SHARE * s * wobble("data", 0.10)
         for fault in self.active("input-bound", t, node=slot.node):
@@ -197,20 +207,30 @@ class ClusterModel:
         compute = COMPUTE_SHARE * s * wobble("compute", 0.01)
         for fault in self.active("straggler", t, run=slot.run, rank=slot.rank):
             compute *= fault.param("factor")
+        if step is not None and noise.spike_rate > 0:
+            world = self.layout.run(slot.run).world_size
+            spike = noise.spike(self.seed, slot.run, step, world)
+            if spike is not None and spike[0] == slot.rank:
+                compute *= spike[1]
         compute *= MAX_SM_CLOCK_MHZ / self.sm_clock(slot.node, slot.gpu, t)
         return data, h2d, compute
 
     def comm(self, run: str, t: float, step: int | None) -> float:
         """The collective's own time (everyone ready → done); `fabric` stretches it."""
         comm = COMM_SHARE * self.config.step_time
-        if step is not None:
+        cv = self.config.noise.cv
+        if step is not None and cv > 0:
+            comm *= lognormal(self.seed, cv / 2, "comm", run, step)
+        elif step is not None:
             comm *= 1.0 + 0.05 * jitter(self.seed, "comm", run, step)
         for fault in self.active("fabric", t, run=run):
             share = min(1.0, (t - fault.at) / fault.param("ramp"))
             comm *= 1.0 + (fault.param("factor") - 1.0) * share
         return comm
 
-    def expected_split(self, run: str, t: float) -> tuple[dict[int, tuple[float, ...]], float]:
+    def expected_split(
+        self, run: str, t: float
+    ) -> tuple[dict[int, tuple[float, float, float]], float]:
         """Noise-free (data, h2d, compute) per rank and the step time, at `t`."""
         split = {s.rank: self.phases(s, t, None) for s in self.layout.run(run).ranks}
         return split, max(map(sum, split.values())) + self.comm(run, t, None)

@@ -55,6 +55,7 @@ def scenario_build(
         "check_every": config.check_every,
         "checkpoint_every": config.checkpoint_every,
         "tokens_per_step": config.tokens_per_step,
+        "noise": {"cv": config.noise.cv, "spike_rate": config.noise.spike_rate},
         "layout": model.layout.to_dict(),
         "faults": faults,
         "halts": halts,

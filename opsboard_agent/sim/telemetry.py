@@ -5,6 +5,7 @@ a training GPU is busy while it computes or sits in a collective, idle while its
 for data; a hung run's GPUs spin in NCCL kernels (100 % "util", low power); a crashed run's
 GPUs are idle with their memory freed. Faults: `oom-creep` (memory climbs to the total),
 `thermal` (temperature, throttle bits, SM clock), `input-bound` (CPU and disk reads up).
+With the model's noise on, readings also jitter (`noise.Noise.telemetry` / `.temperature`).
 """
 
 from __future__ import annotations
@@ -67,8 +68,13 @@ def node_samples(model: ClusterModel, node: str, t: float) -> list[SimSample]:
 def _gpu(
     model: ClusterModel, slot: RankSlot, t: float, state: str, busy: float
 ) -> list[tuple[str, float]]:
+    noise = model.config.noise
+
     def wobble(name: str, amplitude: float) -> float:
-        return 1.0 + amplitude * jitter(model.seed, "gpu", slot.node, slot.gpu, name, t)
+        # The sensor's own wobble, times the noise model's jitter (1.0 when it is off).
+        return (1.0 + amplitude * jitter(model.seed, "gpu", slot.node, slot.gpu, name, t)) * (
+            noise.telemetry(model.seed, "gpu", slot.node, slot.gpu, name, t)
+        )
 
     if state == "training":
         util = min(100.0, 100.0 * busy * wobble("util", 0.01))
@@ -80,6 +86,7 @@ def _gpu(
     temp = model.gpu_temp(slot.node, slot.gpu, t, base_temp) + 0.8 * jitter(
         model.seed, "gpu", slot.node, slot.gpu, "temp", t
     )
+    temp += noise.temperature(model.seed, slot.node, slot.gpu, t)
     clock = model.sm_clock(slot.node, slot.gpu, t, temp) if util else IDLE_SM_CLOCK_MHZ
     throttle = GPU_IDLE if util < 5 else 0
     if temp > 85.0:
@@ -124,8 +131,12 @@ def _memory(model: ClusterModel, slot: RankSlot, t: float, state: str) -> float:
 def _host(
     model: ClusterModel, node: str, run: str, run_nodes: int, t: float, state: str
 ) -> list[tuple[str, float]]:
+    noise = model.config.noise
+
     def wobble(name: str, amplitude: float) -> float:
-        return 1.0 + amplitude * jitter(model.seed, "host", node, name, t)
+        return (1.0 + amplitude * jitter(model.seed, "host", node, name, t)) * noise.telemetry(
+            model.seed, "host", node, name, t
+        )
 
     training = state == "training"
     starved = training and bool(model.active("input-bound", t, node=node))

@@ -1,5 +1,6 @@
-"""The evaluation harness end to end: simulators and examples/ddp_train.py posting through
-the live stack, the replayed detectors, and the score."""
+"""The evaluation harness end to end: simulators (with their noise model on) and
+examples/ddp_train.py posting through the live stack, the replayed detectors, and the score.
+(The computing straggler's DDP job has its own test: test_ddp_computing_straggler.py.)"""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from django.core.management import call_command
 
 from apps.alerts.models import Alert
 from apps.evaluation.services import evaluation_run, scenario_specs
+from apps.evaluation.services.ddp import DDP_FAULTS
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600), pytest.mark.stack]
 
@@ -17,16 +19,20 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600),
 def test_simulated_and_real_faults_are_found_and_named_and_a_clean_run_raises_nothing(
     live_stack, live_db, tmp_path
 ):
-    specs = scenario_specs(labels=["straggler", "sdc/param"], seeds=(2,), clean_s=900)
+    # CI plays one noise level (10 % jitter, spikes on) and a 15-minute clean run, judged
+    # every 5 s; `make evaluate` plays both levels and 2 clean hours per level.
+    specs = scenario_specs(
+        labels=["straggler", "sdc/param"], seeds=(2,), levels=(0.1,), clean_s=900, clean_step_s=5
+    )
     results = evaluation_run(
-        specs=specs, server=live_stack.url, workdir=tmp_path, ddp=True, log=lambda _: None
+        specs=specs, server=live_stack.url, workdir=tmp_path, ddp=(DDP_FAULTS,), log=lambda _: None
     )
 
     faults = {fault.label: fault for result in results for fault in result.score.faults}
     assert set(faults) == {
         "straggler",
         "sdc/param",
-        "ddp straggler",
+        "ddp straggler (sleeps 50 ms)",
         "ddp sdc/canary",
         "ddp sdc/param",
     }
@@ -34,12 +40,13 @@ def test_simulated_and_real_faults_are_found_and_named_and_a_clean_run_raises_no
         assert fault.found and fault.culprit_right, label
         assert fault.time_to_detect is not None and fault.time_to_detect <= 30.01, label
     assert {r.spec.name: r.score.false_alarms for r in results} == {
-        "straggler-s2": (),
-        "sdc-param-s2": (),
-        "clean": (),
+        "straggler-s2-cv10": (),
+        "sdc-param-s2-cv10": (),
+        "clean-cv10": (),
         "ddp": (),
     }
-    clean = next(r for r in results if r.spec.name == "clean")
+    clean = next(r for r in results if r.spec.name == "clean-cv10")
+    assert clean.scenario["noise"] == {"cv": 0.1, "spike_rate": 0.01}
     assert clean.evaluations == 180  # every 5 s of its 900 simulated seconds
     assert not Alert.objects.filter(cluster__name=clean.cluster).exists()
 
@@ -49,8 +56,25 @@ def test_the_command_prints_the_table(live_stack, live_db, tmp_path):
     call_command(
         "evaluate_detectors",
         *("--server", live_stack.url, "--fault", "xid", "--seeds", "1", "--clean", "0"),
-        *("--no-ddp", "--workdir", str(tmp_path)),
+        *("--noise", "0.3", "--no-ddp", "--workdir", str(tmp_path)),
         stdout=out,
         stderr=StringIO(),
     )
-    assert "| xid | 1 | 1/1 | 1/1 | 0 | 0 | 0 s | 0 s |" in out.getvalue()
+    printed = out.getvalue()
+    assert "### Simulated faults, noise CV 30 %, spikes on: recall 1/1" in printed
+    assert "| xid | 1 | 1/1 | 1/1 | 0 | 0 | 0 s | 0 s |" in printed
+
+    # The stored scenario judged again from scratch (as after a detector change): the same
+    # table, and its alert was replaced, not added to.
+    alerts = Alert.objects.filter(cluster__name__endswith="xid-s1-cv30")
+    before = sorted(alerts.values_list("kind", "subject", "opened_at"))
+    again = StringIO()
+    call_command(
+        "evaluate_detectors",
+        *("--fault", "xid", "--seeds", "1", "--clean", "0", "--noise", "0.3", "--no-ddp"),
+        *("--replay-from", str(tmp_path)),
+        stdout=again,
+        stderr=StringIO(),
+    )
+    assert again.getvalue() == printed
+    assert before and sorted(alerts.values_list("kind", "subject", "opened_at")) == before

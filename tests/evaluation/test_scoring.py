@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from detectors.evaluation import AlertRecord, format_table, score_scenario, summarize
+from detectors.evaluation import (
+    AlertRecord,
+    format_sensitivity,
+    format_table,
+    score_scenario,
+    summarize,
+)
 
 BASE = 1_800_000_000.0
 STRAGGLER = {
@@ -119,3 +125,24 @@ def test_an_alert_that_finds_another_fault_does_not_make_a_culprit_wrong():
     score = score_scenario(scenario(canary, flip), alerts)
     assert [(f.found, f.culprit_right) for f in score.faults] == [(True, True), (True, True)]
     assert score.false_alarms == ()
+
+
+def test_the_sensitivity_table_shows_each_strength_found_or_not_per_noise_level():
+    def straggler(factor: str, found_at: float | None):
+        fault = {**STRAGGLER, "label": f"{factor}x straggler"}
+        alerts = [] if found_at is None else [alert("straggler", found_at, run="r", rank=13)]
+        return score_scenario(scenario(fault), alerts)
+
+    quiet = summarize([straggler("2", 80), straggler("1.2", 90), straggler("1.5", 85)])
+    noisy = summarize([straggler("2", 85), straggler("1.2", None), straggler("1.5", 100)])
+    table = format_sensitivity({"CV 10 %": quiet, "CV 30 %": noisy})
+    lines = table.splitlines()
+    assert lines[0] == (
+        "| fault | CV 10 %: found | TTD median | TTD max | CV 30 %: found | TTD median | TTD max |"
+    )
+    # weakest first; a miss reads 0/1 with no time
+    assert lines[2:] == [
+        "| 1.2x straggler | 1/1 | 30 s | 30 s | 0/1 | — | — |",
+        "| 1.5x straggler | 1/1 | 25 s | 25 s | 1/1 | 40 s | 40 s |",
+        "| 2x straggler | 1/1 | 20 s | 20 s | 1/1 | 25 s | 25 s |",
+    ]

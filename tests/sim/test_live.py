@@ -53,6 +53,11 @@ class Sim:
             "5",
             "--checkpoint-every",
             "20",
+            # These tests pin each fault's exact signature step by step: noise off (the
+            # noise model has its own tests, tests/sim/test_noise.py).
+            "--noise-cv",
+            "0",
+            "--no-spikes",
             *args,
         ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -313,3 +318,20 @@ def test_hang_node_loss_input_bound_and_thermal_are_stored_with_their_signatures
     gpu_util = sim.series("sim-node-03", "gpu.util", gpu=1)
     assert min(v for t, v in gpu_util if t < 40) > 90 > 60 > max(v for t, v in gpu_util if t > 40)
     assert min(v for t, v in sim.series("sim-node-03", "host.cpu_util") if t > 40) > 90
+
+
+def test_runs_end_only_when_asked_and_then_read_finished(
+    live_stack, agent_token, live_db, tmp_path
+):
+    from apps.runs.models import Run
+
+    short = ("--nodes", "1", "--gpus", "2", "--duration", "20", "--speed", "50")
+    for name in ("kept", "ended"):
+        (tmp_path / name).mkdir()
+    Sim(live_stack, agent_token, tmp_path / "kept", *short, "--prefix", "kept")
+    Sim(live_stack, agent_token, tmp_path / "ended", *short, "--prefix", "ended", "--end-runs")
+    states = dict(Run.objects.filter(cluster=agent_token[0].cluster).values_list("name", "state"))
+    assert {name.split("-")[0]: state for name, state in states.items()} == {
+        "kept": "running",
+        "ended": "finished",
+    }, states

@@ -4,47 +4,134 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.evaluation.services import FAULTS, evaluation_run, scenario_specs
-from detectors.evaluation import format_table, summarize
+from apps.evaluation.services import (
+    DDP_JOBS,
+    FAULTS,
+    NOISE_LEVELS,
+    ScenarioResult,
+    evaluation_replay,
+    evaluation_run,
+    scenario_specs,
+    sensitivity_specs,
+)
+from apps.evaluation.services.scenarios import CLEAN_STEP_S
+from detectors.evaluation import format_sensitivity, format_table, summarize
+
+
+def level_title(cv: float) -> str:
+    return f"CV {round(cv * 100)} %"
 
 
 class Command(BaseCommand):
     help = (
-        "Run the simulator's fault scenarios (every fault × 3 seeds, and a clean run) through "
-        "a live stack, replay the detectors over them and print recall, false alarms, "
-        "time to detect and whether the culprit was named."
+        "Run the simulator's fault scenarios (every fault × 3 seeds at each noise level, and "
+        "a clean run per level) and examples/ddp_train.py jobs through a live stack, replay "
+        "the detectors over them and print recall, false alarms, time to detect and whether "
+        "the culprit was named, per noise level."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("--fault", action="append", choices=list(FAULTS), dest="labels")
         parser.add_argument("--seeds", type=int, default=3, help="seeds per fault (1..N)")
+        parser.add_argument(
+            "--noise",
+            type=float,
+            action="append",
+            dest="levels",
+            help=f"simulator noise CV, repeatable (default: {NOISE_LEVELS})",
+        )
+        parser.add_argument("--no-spikes", action="store_true", help="turn the 2-5x spikes off")
         parser.add_argument("--clean", type=float, default=7200.0, help="clean run, sim. s")
+        parser.add_argument(
+            "--clean-step", type=float, default=CLEAN_STEP_S, help="clean run's replay period"
+        )
+        parser.add_argument(
+            "--sensitivity",
+            action="store_true",
+            help="also play stragglers of 1.2x, 1.5x and 2x at each level and print their table",
+        )
         parser.add_argument("--server", help="post to this running server instead of our own")
         parser.add_argument("--parallel", type=int, default=3, help="simulators at once")
         parser.add_argument("--step", type=float, default=5.0, help="seconds between evaluations")
         parser.add_argument("--workdir", type=Path, help="scenario files and simulator logs")
         parser.add_argument(
+            "--replay-from",
+            type=Path,
+            metavar="WORKDIR",
+            help="judge an earlier run's stored scenarios again (same options, its --workdir)",
+        )
+        parser.add_argument(
             "--no-ddp", action="store_true", help="skip examples/ddp_train.py (needs torch)"
         )
 
-    def handle(self, *args, labels, seeds, clean, server, parallel, step, workdir, **options):
+    def handle(self, *args, labels, seeds, levels, clean, server, parallel, step, workdir, **o):
         # SIGTERM unwinds like Ctrl-C, so the stack this command started is stopped.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        if seeds < 1 or parallel < 1 or step <= 0:
-            raise CommandError("--seeds and --parallel must be >= 1, --step > 0")
-        specs = scenario_specs(labels=labels, seeds=tuple(range(1, seeds + 1)), clean_s=clean)
+        levels = tuple(levels or NOISE_LEVELS)
+        if seeds < 1 or parallel < 1 or step <= 0 or o["clean_step"] <= 0:
+            raise CommandError("--seeds and --parallel must be >= 1, --step and --clean-step > 0")
+        if not all(0 <= cv <= 2 for cv in levels):
+            raise CommandError("--noise must be in [0, 2]")
+        seed_range = tuple(range(1, seeds + 1))
+        noise = {"levels": levels, "spikes": not o["no_spikes"], "step_s": step}
+        specs = scenario_specs(
+            labels=labels, seeds=seed_range, clean_s=clean, clean_step_s=o["clean_step"], **noise
+        )
+        if o["sensitivity"]:
+            specs += sensitivity_specs(seeds=seed_range, **noise)
+        ddp = () if o["no_ddp"] else DDP_JOBS
+        if o["replay_from"]:
+            results = evaluation_replay(
+                specs=specs, workdir=o["replay_from"], ddp=ddp, log=self.stderr.write
+            )
+            self.report(results, levels, spikes=not o["no_spikes"])
+            return
         if workdir:
             workdir.mkdir(parents=True, exist_ok=True)
         results = evaluation_run(
             specs=specs,
             server=server,
             parallel=parallel,
-            step_s=step,
             workdir=workdir,
-            ddp=not options["no_ddp"],
+            ddp=ddp,
             log=lambda line: self.stderr.write(line),
         )
-        self.stdout.write(format_table(summarize([result.score for result in results])))
+        self.report(results, levels, spikes=not o["no_spikes"])
+
+    def report(self, results: list[ScenarioResult], levels: tuple[float, ...], spikes: bool):
+        by_level = {
+            cv: [r for r in results if r.spec.group == "faults" and r.spec.noise_cv == cv]
+            for cv in levels
+        }
+        for cv, level in by_level.items():
+            if not level:
+                continue
+            faults = [f for r in level for f in r.score.faults]
+            times = sorted(f.time_to_detect for f in faults if f.time_to_detect is not None)
+            median = f"{times[len(times) // 2]:.0f} s" if times else "—"
+            self.stdout.write(
+                f"\n### Simulated faults, noise {level_title(cv)}, spikes "
+                f"{'on' if spikes else 'off'}: recall {sum(f.found for f in faults)}/"
+                f"{len(faults)}, median time to detect {median}\n"
+            )
+            self.stdout.write(format_table(summarize([r.score for r in level])))
+        ddp = [r for r in results if r.spec.group == "ddp"]
+        if ddp:
+            self.stdout.write("\n### examples/ddp_train.py under torchrun (4 gloo CPU ranks)\n")
+            self.stdout.write(format_table(summarize([r.score for r in ddp])))
+        sensitivity = {
+            level_title(cv): summarize(
+                [
+                    r.score
+                    for r in results
+                    if r.spec.group == "sensitivity" and r.spec.noise_cv == cv
+                ]
+            )
+            for cv in levels
+        }
+        if any(sensitivity.values()):
+            self.stdout.write("\n### Straggler sensitivity (spikes on)\n")
+            self.stdout.write(format_sensitivity(sensitivity))
         for result in results:
             for alert in result.score.false_alarms:
                 self.stdout.write(

@@ -1,0 +1,112 @@
+"""The live stack the scenarios post through, and replaying a stored scenario's alerts.
+
+Replay: every `step_s` seconds of a scenario's own time the alerts service evaluates its
+cluster as of that moment (`alerts_evaluate(as_of=True)`: the same detectors and alert
+state machine as beat's), so alerts open and resolve with historical times.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from apps.alerts.models import Alert, ClusterDetectorConfig
+from apps.alerts.services import alerts_evaluate
+from apps.clusters.models import Cluster
+from apps.clusters.services import token_issue
+from apps.ingest.models import InboxBatch
+from detectors.evaluation import AlertRecord
+from launcher.procs import ROOT, children_stop, free_port, wait_for_http
+from launcher.stack import server_commands, service_env
+
+DRAIN_TIMEOUT_S = 300
+
+
+def scenario_replay(*, cluster: Cluster, scenario: dict[str, Any], step_s: float) -> int:
+    """Evaluate the cluster every `step_s` seconds of the scenario's own time, as of then."""
+    start, end = scenario["base_ts"], scenario["end_ts"]
+    count = int((end - start) // step_s)
+    for index in range(1, count + 1):
+        alerts_evaluate(cluster=cluster, now=start + index * step_s, as_of=True)
+    return count
+
+
+def alert_records(*, cluster: Cluster) -> list[AlertRecord]:
+    alerts = Alert.objects.filter(cluster=cluster).select_related("run", "node")
+    return [
+        AlertRecord(
+            kind=alert.kind,
+            subject=alert.subject,
+            opened_at=alert.opened_at.timestamp(),
+            run=alert.run.name if alert.run_id else None,
+            node=alert.node.name if alert.node_id else None,
+            rank=alert.rank,
+            gpu=alert.gpu,
+            evidence=alert.evidence or {},
+        )
+        for alert in alerts.order_by("opened_at", "id")
+    ]
+
+
+def cluster_prepare(name: str) -> tuple[Cluster, str]:
+    """A fresh cluster for one scenario, beat paused for it, and an agent token."""
+    token, secret = token_issue(cluster_name=name, name="evaluation")
+    ClusterDetectorConfig.objects.update_or_create(cluster=token.cluster, defaults={"paused": True})
+    return token.cluster, secret
+
+
+def wait_for_drain(clusters: list[tuple[Cluster, str]]) -> None:
+    """Until the worker has stored every batch the scenarios' agents posted."""
+    cluster_ids = [cluster.pk for cluster, _ in clusters]
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    pending = InboxBatch.objects.filter(
+        token__cluster_id__in=cluster_ids, processed_at__isnull=True
+    )
+    while pending.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{pending.count()} batches still unstored after the timeout")
+        time.sleep(0.5)
+
+
+class EvaluationStack:
+    """The live stack the scenarios are posted through: gunicorn and one Celery worker on
+    loopback (no beat: the replay drives the alerts), as `launcher.stack` starts them."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.env, _ = service_env()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.processes: list[subprocess.Popen] = []
+
+    def start(self) -> EvaluationStack:
+        commands = server_commands(
+            host="127.0.0.1",
+            port=self.port,
+            ws_port=free_port(),
+            web_workers=2,
+            worker_concurrency=2,
+            queue=settings.REDIS_PREFIX,
+            beat_schedule=Path(tempfile.gettempdir()) / "opsboard-eval-beat",
+        )
+        for name in ("web", "worker"):
+            with open(self.log_dir / f"{name}.log", "ab") as output:
+                self.processes.append(
+                    subprocess.Popen(
+                        commands[name], cwd=ROOT, env=self.env, stdout=output, stderr=output
+                    )
+                )
+        try:
+            wait_for_http(f"{self.url}/healthz", give_up=lambda: False, timeout=60)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        children_stop(self.processes, timeout=20)
