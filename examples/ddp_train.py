@@ -10,16 +10,31 @@ rank would make every rank look slow). DDP still broadcasts the initial weights.
 
 Fault hooks, for tests of the server's detectors:
   --straggler-rank R --straggler-sleep S   rank R sleeps S seconds in its compute phase
+  --straggler-rank R --straggler-repeat N  rank R runs forward and backward N times per step
+                                           (it computes more: the same gradients, N x work)
+  --hidden H                               the hidden layer's width (a wider model makes
+                                           compute, not overhead, the bulk of a step)
   --perturb-grad-rank R                    rank R's local gradients are scaled by 1+1e-3
                                            (its canary disagrees; all-reduce hides the rest)
   --flip-param-rank R --flip-param-step K  rank R flips one bit of one weight at step K
                                            (its param checksum disagrees from then on)
+  --step-sleep S                           every rank sleeps S seconds per step (a slow job)
+
+Operator commands: when an operator asks for a checkpoint, `reporter.checkpoint_requested`
+is True on every rank at the same step, and each rank saves `rank-R.pt` to
+<checkpoint-dir>/<run>/local/step-N, then copies it to .../durable/step-N (the reporter
+sends both tiers' checkpoint events). Started with OPSBOARD_RESUME_FROM=<a step-N
+directory> (as `opsboard-agent supervise` does on `resume`), it loads its rank's file and
+continues from step N + 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -45,9 +60,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--spool-dir", help="per-rank spools go below it")
     parser.add_argument("--straggler-rank", type=int, default=-1)
     parser.add_argument("--straggler-sleep", type=float, default=0.0)
+    parser.add_argument("--straggler-repeat", type=int, default=1)
+    parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--perturb-grad-rank", type=int, default=-1)
     parser.add_argument("--flip-param-rank", type=int, default=-1)
     parser.add_argument("--flip-param-step", type=int, default=-1)
+    parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument(
+        "--checkpoint-dir", default=os.environ.get("OPSBOARD_CHECKPOINT_DIR", "checkpoints")
+    )
     return parser.parse_args()
 
 
@@ -75,12 +96,41 @@ def flip_one_bit(model: nn.Module) -> None:
         bits ^= 1
 
 
+def save_checkpoint(
+    reporter: Reporter,
+    root: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: torch.Generator,
+) -> None:
+    """Local tier first (fast), then the durable copy; each reported as it happens."""
+    rank = dist.get_rank()
+    state = {"step": step, "model": model.state_dict(), "data": data.get_state()}
+    state["optimizer"] = optimizer.state_dict()
+    name = f"step-{step}/rank-{rank}.pt"
+    local, durable = root / "local" / name, root / "durable" / name
+    with reporter.checkpointing(step, "local", path=str(local.parent)) as info:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, local)
+        info["bytes"] = local.stat().st_size
+    with reporter.checkpointing(step, "durable", path=str(durable.parent)) as info:
+        durable.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, durable)
+        info["bytes"] = durable.stat().st_size
+
+
+def load_checkpoint(directory: str, rank: int) -> dict:
+    path = Path(directory) / f"rank-{rank}.pt"
+    return torch.load(path if path.exists() else path.with_name("rank-0.pt"))
+
+
 def main() -> None:
     args = parse_args()
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(FEATURES, 64), nn.Tanh(), nn.Linear(64, 1))
+    model = nn.Sequential(nn.Linear(FEATURES, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1))
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr)
     data = torch.Generator().manual_seed(1000 + rank)  # each rank its own data shard
@@ -102,15 +152,27 @@ def main() -> None:
         check_every=args.check_every,
         spool_dir=spool_dir,
     )
-    for step in range(args.steps):
+    checkpoints, start = Path(args.checkpoint_dir) / args.run, 0
+    if os.environ.get("OPSBOARD_RESUME_FROM"):
+        state = load_checkpoint(os.environ["OPSBOARD_RESUME_FROM"], rank)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        data.set_state(state["data"])
+        start = state["step"] + 1
+    for step in range(start, args.steps):
         with reporter.phase("data"):
+            time.sleep(args.step_sleep)
             x = torch.randn(BATCH, FEATURES, generator=data)
             y = target(x)
         with reporter.phase("compute"):
-            optimizer.zero_grad(set_to_none=True)
-            with ddp.no_sync():
-                loss = F.mse_loss(ddp(x), y)
-                loss.backward()
+            # A computing straggler does the whole pass again; zeroing the gradients first
+            # keeps them (and so every checksum) identical to its peers'.
+            repeat = args.straggler_repeat if rank == args.straggler_rank else 1
+            for _ in range(max(1, repeat)):
+                optimizer.zero_grad(set_to_none=True)
+                with ddp.no_sync():
+                    loss = F.mse_loss(ddp(x), y)
+                    loss.backward()
             if rank == args.straggler_rank:
                 time.sleep(args.straggler_sleep)
         with reporter.phase("comm"):
@@ -126,6 +188,8 @@ def main() -> None:
             reporter.record_param_checksum(ddp)
             reporter.record_canary(ddp, probe_loss)
         reporter.step(step, tokens=BATCH, loss=loss.detach())
+        if reporter.checkpoint_requested(step):  # an operator asked: every rank saves this step
+            save_checkpoint(reporter, checkpoints, step, model, optimizer, data)
     reporter.close(drain_timeout=30)
     dist.destroy_process_group()
 

@@ -1,4 +1,5 @@
 """`opsboard-agent run`: the node agent as a command (also `python -m opsboard_agent`).
+`opsboard-agent supervise -- CMD…` wraps a training command (opsboard_agent/supervise.py).
 
 Every option has an environment variable (OPSBOARD_SERVER, OPSBOARD_TOKEN_FILE,
 OPSBOARD_NODE, OPSBOARD_SCRAPE (space- or comma-separated), OPSBOARD_SCRAPE_BUCKETS
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from opsboard_agent import supervise
 from opsboard_agent.agent import Agent
 from opsboard_agent.collectors import Collector
 from opsboard_agent.collectors.gpu import GpuCollector
@@ -104,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="append every spooled batch_id to <spool-dir>/journal (auditing)",
     )
     run.add_argument("--log-level", default=env("OPSBOARD_LOG_LEVEL", "INFO"))
+    supervise.add_parser(commands)
     return parser
 
 
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "supervise":
+        return supervise.main(args)
     if not args.server or not args.token_file:
         log.error(
             "--server and --token-file (or OPSBOARD_SERVER, OPSBOARD_TOKEN_FILE) are required"

@@ -8,12 +8,20 @@
             reporter.record_grad_checksum(model)        # after all-reduce, before opt.step()
         ...
         reporter.step(step, tokens=n, loss=loss_value)
+        if reporter.checkpoint_requested(step):         # every rank, every step
+            save(...)                                   # inside reporter.checkpointing(...)
     reporter.close()                                    # run_end: finished
 
 `close()` (and, if the program never calls it, an `atexit` hook) sends a `run_end` event:
 `finished`, or `failed` when the interpreter exits on an uncaught exception or the reporter
 is used as a context manager around a block that raises. A process killed outright sends
 nothing: the server then sees the run's steps stop, and its `hang` detector speaks.
+
+"Checkpoint now": rank 0 polls the server for its run's `checkpoint` commands in a
+background thread. `checkpoint_requested(step)` is the step boundary at which the ranks
+agree: rank 0 broadcasts "save at this step" (or "no") through torch.distributed when it is
+initialised, so every rank answers True at the same step; rank 0 then acks the command
+`accepted` with that step. Saving and its `checkpoint` events stay the training loop's.
 
 Guarantees: `step()` and the phase timers only touch memory (a lock and a list append);
 a background thread spools records every `flush_interval` seconds and another sends them,
@@ -35,6 +43,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from opsboard_agent.checkpoint_now import CheckpointRequests
+from opsboard_agent.commands import CommandClient, CommandPoller
 from opsboard_agent.records import Event, sample, sanitize_name
 from opsboard_agent.sender import Sender
 from opsboard_agent.shipper import Shipper
@@ -110,6 +120,8 @@ class Reporter:
         flush_interval: float = 1.0,
         canary_projections: int = 4,
         canary_seed: int = 0,
+        commands: bool | None = None,
+        checkpoint_sync_every: int = 1,
     ) -> None:
         self.run = sanitize_name(run)
         self.node = sanitize_name(node or socket.gethostname())
@@ -121,6 +133,8 @@ class Reporter:
         self._pending: dict[str, Any] = {}
         self._last_step_at: float | None = None
         self.shipper: Shipper | None = None
+        self.commands: CommandPoller | None = None
+        self.checkpoints = CheckpointRequests(sync_every=checkpoint_sync_every)
         if not server or not token:
             log.warning("opsboard reporter disabled: no server or token configured")
             return
@@ -142,6 +156,18 @@ class Reporter:
         restarts = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
         if restarts > 0 and rank == 0:
             self.event("restart", restart_count=restarts, rank=rank)
+        if commands is None:
+            # Off unless asked for: until the long-poll is served by the ASGI server, each
+            # held poll takes one of gunicorn's sync workers away from ingest.
+            commands = os.environ.get("OPSBOARD_COMMANDS", "off").lower() in ("1", "on")
+        if commands and rank == 0:
+            self.commands = CommandPoller(
+                CommandClient(server=server, token=token),
+                node=self.node,
+                run=self.run,
+                kinds=("checkpoint",),
+                handle=self.checkpoints.add,
+            ).start()
 
     @classmethod
     def from_env(cls, *, run: str | None = None, **kwargs: Any) -> Reporter:
@@ -229,6 +255,33 @@ class Reporter:
         record.update(fields)
         if self.shipper is not None:
             self.shipper.add(steps=(record,))
+
+    # -- checkpoint now ------------------------------------------------------------------
+
+    def request_checkpoint(self) -> None:
+        """Ask for a checkpoint at the next step boundary (on rank 0; e.g. from a signal
+        handler); the same path as an operator's command, without the acks."""
+        self.checkpoints.add(None)
+
+    @property
+    def checkpoint_step(self) -> int | None:
+        """The last step the ranks agreed to save at."""
+        return self.checkpoints.agreed_step
+
+    def checkpoint_requested(self, step: int) -> bool:
+        """True when the loop should save a checkpoint of `step` now. Every rank must call
+        it at every step (it is a collective when torch.distributed is initialised and
+        there is more than one rank); it answers the same on all of them. With
+        `checkpoint_sync_every` N > 1, only steps divisible by N are boundaries."""
+        if not self.enabled:
+            return False
+        target, answered = self.checkpoints.boundary(step, rank=self.rank)
+        if target is None:
+            return False
+        for command in answered:
+            if command is not None and self.commands is not None:
+                self.commands.ack(command, "accepted", f"checkpoint at step {target}", step=target)
+        return target == step
 
     # -- corruption checks (torch imported only here) -----------------------------------
 
@@ -357,6 +410,9 @@ class Reporter:
         if self.shipper is None:
             return
         atexit.unregister(self._at_exit)
+        if self.commands is not None:
+            self.commands.stop()
+            self.commands = None
         if state is not None:
             if state not in ("finished", "failed"):
                 raise ValueError(f"a run ends finished or failed, not {state!r}")

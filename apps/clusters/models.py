@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 
 from apps.clusters.choices import NodeState
@@ -41,6 +42,12 @@ class Node(models.Model):
     # stored before this field existed) are assumed to have an agent.
     has_agent = models.BooleanField(
         default=True, help_text="has sent a batch without a run (a node agent runs there)"
+    )
+    # Set by apps.commands.services (cordon, drain); cleared by uncordon.
+    cordon_reason = models.TextField(blank=True, default="", db_default="")
+    cordoned_at = models.DateTimeField(null=True, blank=True)
+    cordoned_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
 
     class Meta:

@@ -1,0 +1,27 @@
+"""Personal API tokens (`Authorization: Bearer obu_…`): the request acts as the token's user.
+
+Agents use Bearer too; a user token is recognised by its prefix, so an API accepting both
+lists `user_token_auth` beside the agent bearer and each skips the other's tokens."""
+
+from django.http import HttpRequest
+from ninja.security import HttpBearer, SessionAuth
+
+from apps.access.models import UserToken
+from apps.access.selectors import user_token_authenticate
+from apps.core.auth import agent_auth
+
+
+class UserTokenBearer(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str) -> UserToken | None:
+        user_token = user_token_authenticate(secret=token)
+        if user_token is not None:
+            request.user = user_token.user
+            request.user_token = user_token
+        return user_token
+
+
+user_token_auth = UserTokenBearer()
+# Reading back is open to a cluster's token, to a user's personal token (the "obu_" prefix
+# tells them apart) or to a logged-in user (session + CSRF); a user sees only the clusters
+# they hold a role in (request_cluster_filter).
+reader_auth = [agent_auth, user_token_auth, SessionAuth()]

@@ -1,0 +1,71 @@
+"""Who may see and do what: cluster roles, and personal API tokens."""
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from apps.access.choices import ROLES_FOR_ACTION, USER_TOKEN_PREFIX
+from apps.access.models import ClusterRole, UserToken
+from apps.clusters.models import Cluster
+from apps.clusters.services import token_digest
+
+
+def clusters_visible(*, user: Any) -> QuerySet[Cluster]:
+    """The clusters `user` holds any role in; every cluster for a superuser, none for an
+    anonymous or inactive user."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return Cluster.objects.none()
+    if user.is_superuser:
+        return Cluster.objects.all()
+    return Cluster.objects.filter(roles__user=user)
+
+
+def role_of(*, user: Any, cluster: Cluster) -> str | None:
+    """The user's role on the cluster, or None (a superuser's stored role, if any)."""
+    if user is None or not user.is_authenticated:
+        return None
+    return (
+        ClusterRole.objects.filter(user=user, cluster=cluster)
+        .values_list("role", flat=True)
+        .first()
+    )
+
+
+def user_may(*, user: Any, cluster: Cluster, action: str) -> bool:
+    """Whether the user may `action` ("view", "operate", "administer") on the cluster."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return False
+    if user.is_superuser:
+        return True
+    return role_of(user=user, cluster=cluster) in ROLES_FOR_ACTION[action]
+
+
+def clusters_administered(*, user: Any) -> QuerySet[Cluster]:
+    """The clusters whose audit log and roles the user may manage (superuser: all)."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return Cluster.objects.none()
+    if user.is_superuser:
+        return Cluster.objects.all()
+    return Cluster.objects.filter(roles__user=user, roles__role__in=ROLES_FOR_ACTION["administer"])
+
+
+def user_token_authenticate(*, secret: str) -> UserToken | None:
+    """The live (not revoked) personal token with this secret, with its active user."""
+    if not secret.startswith(USER_TOKEN_PREFIX):
+        return None
+    return (
+        UserToken.objects.select_related("user")
+        .filter(digest=token_digest(secret), revoked_at__isnull=True, user__is_active=True)
+        .first()
+    )
+
+
+def request_cluster_filter(request: HttpRequest, cluster: str | None) -> dict:
+    """The clusters a reader may see: its token's, or (for a user) those it holds a role in,
+    narrowed to the named one, if any; another cluster's objects are not found (404)."""
+    token = getattr(request, "agent_token", None)
+    if token is not None:
+        return {"cluster_id": token.cluster_id}
+    visible = {"cluster__in": clusters_visible(user=request.user)}
+    return {**visible, "cluster__name": cluster} if cluster else visible

@@ -1,0 +1,81 @@
+"""Granting roles and issuing personal tokens; every change is audited."""
+
+import secrets
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.access.choices import USER_TOKEN_PREFIX, Role
+from apps.access.models import ClusterRole, UserToken
+from apps.audit.choices import ActorKind, AuditAction, Outcome
+from apps.audit.services import audit_record
+from apps.clusters.models import Cluster
+from apps.clusters.services import token_digest
+
+TOKEN_PREFIX_SHOWN = 12  # "obu_" and 8 characters of the secret
+
+
+def role_grant(
+    *, user: Any, cluster: Cluster, role: str, actor: Any = None, request: Any = None
+) -> ClusterRole:
+    """Give `user` exactly `role` on `cluster` (replacing any other role there), audited as
+    done by `actor` (None: the command line)."""
+    role = Role(role)
+    with transaction.atomic():
+        grant, _ = ClusterRole.objects.update_or_create(
+            user=user, cluster=cluster, defaults={"role": role}
+        )
+        _audit(AuditAction.ROLE_GRANT, actor, cluster, f"user:{user.username}", request,
+               detail={"role": role.value})  # fmt: skip
+    return grant
+
+
+def role_revoke(*, user: Any, cluster: Cluster, actor: Any = None, request: Any = None) -> bool:
+    """Remove the user's role on the cluster; False when there was none."""
+    with transaction.atomic():
+        deleted, _ = ClusterRole.objects.filter(user=user, cluster=cluster).delete()
+        if deleted:
+            _audit(AuditAction.ROLE_REVOKE, actor, cluster, f"user:{user.username}", request)
+    return bool(deleted)
+
+
+def user_token_issue(
+    *, user: Any, name: str = "", actor: Any = None, request: Any = None
+) -> tuple[UserToken, str]:
+    """A new personal token for `user` and its secret (returned only here, stored hashed)."""
+    secret = USER_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        token = UserToken.objects.create(
+            user=user, name=name, prefix=secret[:TOKEN_PREFIX_SHOWN], digest=token_digest(secret)
+        )
+        _audit(AuditAction.TOKEN_ISSUE, actor, None, f"user:{user.username}", request,
+               detail={"token": token.prefix})  # fmt: skip
+    return token, secret
+
+
+def user_token_revoke(*, token: UserToken, actor: Any = None, request: Any = None) -> bool:
+    """Revoke the token (at once: the next request with it is refused); False if it already
+    was."""
+    with transaction.atomic():
+        revoked = UserToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        if revoked:
+            _audit(AuditAction.TOKEN_REVOKE, actor, None, f"user:{token.user.username}",
+                   request, detail={"token": token.prefix})  # fmt: skip
+    return bool(revoked)
+
+
+def _audit(action: str, actor: Any, cluster: Any, target: str, request: Any, **extra) -> None:
+    audit_record(
+        action=action,
+        outcome=Outcome.SUCCEEDED,
+        actor_user=actor,
+        actor_kind=ActorKind.USER,
+        actor_name="" if actor is not None else "manage.py",
+        cluster=cluster,
+        target=target,
+        request=request,
+        **extra,
+    )

@@ -1,0 +1,65 @@
+"""Reading the audit log: filtered, newest first, limited to the clusters one may audit."""
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db.models import QuerySet
+
+from apps.access.selectors import clusters_administered
+from apps.audit.models import AuditEntry
+
+AUDIT_LIST_LIMIT = 1000
+CSV_COLUMNS = (
+    "at", "actor_kind", "actor_name", "action", "cluster_name", "target", "reason", "outcome",
+    "client_ip", "request_id", "detail",
+)  # fmt: skip
+
+
+def audit_list(
+    *,
+    user: Any,
+    cluster: str = "",
+    actor: str = "",
+    action: str = "",
+    outcome: str = "",
+    since: float | None = None,
+    limit: int = AUDIT_LIST_LIMIT,
+) -> list[AuditEntry]:
+    """The entries `user` may read, newest first: a superuser every entry (those of no
+    cluster too, such as token issues), a cluster admin those of the clusters they
+    administer. Empty filters do not narrow."""
+    entries: QuerySet[AuditEntry] = AuditEntry.objects.all()
+    if not user.is_superuser:
+        ids = list(clusters_administered(user=user).values_list("pk", flat=True))
+        entries = entries.filter(cluster_id__in=ids)
+    for field, value in (
+        ("cluster_name", cluster), ("actor_name", actor), ("action", action),
+        ("outcome", outcome),
+    ):  # fmt: skip
+        if value:
+            entries = entries.filter(**{field: value})
+    if since is not None:
+        entries = entries.filter(at__gte=datetime.fromtimestamp(since, UTC))
+    return list(entries.order_by("-at", "-id")[:limit])
+
+
+def audit_may_read(*, user: Any) -> bool:
+    """Whether the user administers any cluster (or is a superuser)."""
+    return user.is_superuser or clusters_administered(user=user).exists()
+
+
+def audit_json(entry: AuditEntry) -> dict[str, Any]:
+    return {
+        "id": entry.pk,
+        "at": entry.at.timestamp(),
+        "actor_kind": entry.actor_kind,
+        "actor": entry.actor_name,
+        "action": entry.action,
+        "cluster": entry.cluster_name or None,
+        "target": entry.target,
+        "reason": entry.reason,
+        "outcome": entry.outcome,
+        "detail": entry.detail,
+        "client_ip": entry.client_ip,
+        "request_id": entry.request_id,
+    }

@@ -1,0 +1,66 @@
+"""Writing the audit log (apps.audit.models.AuditEntry): one row per attempted action."""
+
+import uuid
+from typing import Any
+
+from django.http import HttpRequest
+from django.utils import timezone
+
+from apps.audit.choices import ActorKind
+from apps.audit.models import AuditEntry
+
+REQUEST_ID_HEADER = "HTTP_X_REQUEST_ID"
+REQUEST_ID_MAX = 64
+
+
+def audit_record(
+    *,
+    action: str,
+    outcome: str,
+    actor_user: Any = None,
+    actor_kind: str = ActorKind.USER,
+    actor_name: str = "",
+    cluster: Any = None,
+    target: str = "",
+    reason: str = "",
+    detail: dict | None = None,
+    request: HttpRequest | None = None,
+) -> AuditEntry:
+    """Append one entry. Call it for denied attempts too. With `request`: the client IP and
+    the request id (X-Request-ID, else a fresh uuid, kept on the request so every entry of
+    one request shares it); a request authenticated by a personal token is recorded as
+    actor_kind "token". Runs in the caller's transaction, if any: an action rolled back
+    leaves no entry claiming it succeeded."""
+    if actor_kind == ActorKind.USER and getattr(request, "user_token", None) is not None:
+        actor_kind = ActorKind.TOKEN
+        detail = {**(detail or {}), "token": request.user_token.prefix}
+    return AuditEntry.objects.create(
+        at=timezone.now(),
+        actor_kind=actor_kind,
+        actor_user_id=getattr(actor_user, "pk", None),
+        actor_name=actor_name or getattr(actor_user, "username", "") or "",
+        action=action,
+        cluster_id=getattr(cluster, "pk", None),
+        cluster_name=getattr(cluster, "name", "") or "",
+        target=target[:255],
+        reason=reason,
+        outcome=outcome,
+        detail=detail or {},
+        client_ip=_client_ip(request),
+        request_id=_request_id(request),
+    )
+
+
+def _client_ip(request: HttpRequest | None) -> str | None:
+    # REMOTE_ADDR only: X-Forwarded-For is whatever the client says unless a trusted proxy
+    # rewrites it, and an audit log must not record a forged address as fact.
+    return request.META.get("REMOTE_ADDR") or None if request is not None else None
+
+
+def _request_id(request: HttpRequest | None) -> str:
+    if request is None:
+        return ""
+    if not hasattr(request, "audit_request_id"):
+        given = request.META.get(REQUEST_ID_HEADER, "")[:REQUEST_ID_MAX]
+        request.audit_request_id = given if given.isprintable() and given else uuid.uuid4().hex
+    return request.audit_request_id

@@ -1,0 +1,266 @@
+"""Commands: operators issue them, agents long-poll and acknowledge them (docs/actions.md)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from django.conf import settings
+from django.http import HttpRequest
+from ninja import Field, Header, Query, Router, Schema
+from ninja.security import SessionAuth
+from pydantic import ConfigDict
+
+from apps.access.auth import reader_auth, user_token_auth
+from apps.access.selectors import clusters_visible
+from apps.clusters.models import Node
+from apps.commands import services
+from apps.commands.choices import CommandKind, CommandState
+from apps.commands.selectors import command_get, command_json, command_list, run_plan
+from apps.core import bounds
+from apps.core.auth import agent_auth
+from apps.core.errors import Errors, FieldError
+from apps.core.params import CLUSTER_MAX_LENGTH
+from apps.runs.models import Run
+
+router = Router(tags=["commands"])
+
+NAME_MAX_LENGTH = 255  # clusters_node.name, runs_run.name
+WAIT_MAX_S = 30
+Kind = Literal["checkpoint", "stop", "resume", "drain", "cordon", "uncordon"]
+State = Literal["issued", "delivered", "accepted", "succeeded", "failed", "expired"]
+
+
+class TransitionOut(Schema):
+    from_state: State | None
+    to_state: State
+    at: float
+    detail: dict[str, Any]
+
+
+class CommandOut(Schema):
+    id: str
+    kind: Kind
+    cluster: str
+    run: str | None
+    node: str | None
+    args: dict[str, Any]
+    reason: str
+    state: State
+    issued_by: str | None
+    issued_at: float
+    expires_at: float
+    delivered_at: float | None
+    accepted_at: float | None
+    finished_at: float | None
+    result: dict[str, Any]
+    parent: str | None
+    history: list[TransitionOut]
+
+
+class CommandsOut(Schema):
+    commands: list[CommandOut]
+
+
+CheckpointPath = bounds.text(bounds.PATH_MAX_LENGTH, min_length=1)
+StepNumber = bounds.integer(0, bounds.STEP_MAX)
+RankNumber = bounds.integer(0, bounds.RANK_MAX)
+
+
+class CommandArgs(Schema):
+    """What an operator may pass: resume's checkpoint (path and step) and nodes, and the
+    ranks a checkpoint expects. Bounded like ingest's fields: stored in jsonb, shown in
+    pages, handed to agents."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: CheckpointPath | None = None
+    step: StepNumber | None = None
+    nodes: list[bounds.Name] | None = Field(default=None, max_length=4096)
+    ranks: list[RankNumber] | None = Field(default=None, max_length=65536)
+
+
+class CommandIn(Schema):
+    kind: Kind
+    run: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
+    node: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
+    args: CommandArgs = Field(default_factory=CommandArgs)
+    reason: str = Field(default="", max_length=2000, pattern=r"^[^\x00-\x1f]*$")
+    cluster: str | None = Field(
+        default=None, max_length=CLUSTER_MAX_LENGTH, description="needed when names repeat"
+    )
+
+
+class CommandsQuery(Schema):
+    node: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
+    run: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
+    state: State | None = None
+    wait: float = Field(
+        default=0, ge=0, le=WAIT_MAX_S, description="agents: hold the poll up to this long"
+    )
+    cluster: str | None = Field(default=None, max_length=CLUSTER_MAX_LENGTH)
+
+
+class AckIn(Schema):
+    state: Literal["accepted", "succeeded", "failed"]
+    detail: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
+    message: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
+    step: int | None = Field(default=None, ge=0, le=2**63 - 1, description="checkpoint step")
+    ranks: list[int] | None = Field(default=None, max_length=65536, description="ranks saving")
+
+
+class PlanCheckpoint(Schema):
+    step: int | None
+    path: str | None
+    tier: Literal["durable"]
+
+
+class PlanOut(Schema):
+    run: str
+    checkpoint: PlanCheckpoint | None
+    nodes: list[str]
+
+
+@router.post(
+    "/commands",
+    auth=[user_token_auth, SessionAuth()],
+    response={200: CommandOut, 201: CommandOut, 400: Errors, 401: Errors, 403: Errors, 404: Errors},
+    summary="Issue a command (operators; the same Idempotency-Key again: the same command)",
+)
+def command_create(
+    request: HttpRequest,
+    payload: CommandIn,
+    idempotency_key: str = Header(..., alias="Idempotency-Key", min_length=1, max_length=128),
+):
+    clusters = clusters_visible(user=request.user)
+    if payload.cluster:
+        clusters = clusters.filter(name=payload.cluster)
+    run = _one(Run, "run", payload.run, clusters) if payload.run else None
+    node = _one(Node, "node", payload.node, clusters) if payload.node else None
+    target = run or node
+    if target is None:
+        raise FieldError(400, "run", "a command names a run or a node")
+    if run and node and run.cluster_id != node.cluster_id:
+        raise FieldError(400, "node", "the node is in another cluster than the run")
+    try:
+        command, created = services.command_issue(
+            user=request.user,
+            cluster=target.cluster,
+            kind=payload.kind,
+            run=run,
+            node=node,
+            args=payload.args.model_dump(exclude_none=True),
+            reason=payload.reason,
+            idempotency_key=idempotency_key,
+            request=request,
+        )
+    except services.CommandDenied as denied:
+        raise FieldError(403, "", str(denied)) from None
+    except services.CommandInvalid as invalid:
+        raise FieldError(400, invalid.loc, invalid.msg) from None
+    return (201 if created else 200), command_json(command_get(command_id=command.pk))
+
+
+def _one(model, loc: str, name: str, clusters) -> Any:
+    found = list(
+        model.objects.filter(name=name, cluster__in=clusters).select_related("cluster")[:2]
+    )
+    if not found:
+        raise FieldError(404, loc, f"no such {loc}")
+    if len(found) > 1:
+        raise FieldError(400, "cluster", f"several clusters have a {loc} {name!r}: name one")
+    return found[0]
+
+
+@router.get(
+    "/commands",
+    auth=[agent_auth, user_token_auth, SessionAuth()],
+    response={200: CommandsOut, 400: Errors, 401: Errors},
+    summary="Agents: long-poll for the node's commands. Users: the commands, newest first",
+)
+def commands(request: HttpRequest, query: Query[CommandsQuery]):
+    token = getattr(request, "agent_token", None)
+    if token is None:
+        clusters = clusters_visible(user=request.user)
+        if query.cluster:
+            clusters = clusters.filter(name=query.cluster)
+        found = command_list(clusters=clusters, run=query.run, node=query.node, state=query.state)
+        return {"commands": [command_json(command) for command in found]}
+    if not query.node:
+        raise FieldError(400, "node", "an agent polls for one node")
+    deadline = time.monotonic() + query.wait
+    while True:
+        handed = services.commands_deliver(cluster_id=token.cluster_id, node_name=query.node)
+        remaining = deadline - time.monotonic()
+        if handed or remaining <= 0:
+            break
+        time.sleep(min(settings.COMMANDS_POLL_INTERVAL_S, remaining))
+    return {"commands": [command_json(command_get(command_id=c.pk)) for c in handed]}
+
+
+@router.get(
+    "/commands/{command_id}",
+    auth=reader_auth,
+    response={200: CommandOut, 401: Errors, 404: Errors},
+    summary="A command: its target, state and history",
+)
+def command_detail(request: HttpRequest, command_id: uuid.UUID):
+    command = command_get(command_id=command_id, clusters=_reader_clusters(request))
+    if command is None:
+        raise FieldError(404, "command_id", "no such command")
+    return command_json(command)
+
+
+def _reader_clusters(request: HttpRequest):
+    token = getattr(request, "agent_token", None)
+    if token is not None:
+        from apps.clusters.models import Cluster
+
+        return Cluster.objects.filter(pk=token.cluster_id)
+    return clusters_visible(user=request.user)
+
+
+@router.post(
+    "/commands/{command_id}/ack",
+    auth=agent_auth,
+    response={200: CommandOut, 400: Errors, 401: Errors, 404: Errors, 409: Errors},
+    summary="An agent acknowledges a command: accepted, succeeded or failed",
+)
+def command_ack(request: HttpRequest, command_id: uuid.UUID, payload: AckIn):
+    command = command_get(command_id=command_id, clusters=_reader_clusters(request))
+    if command is None or command.kind not in (
+        CommandKind.CHECKPOINT,
+        CommandKind.STOP,
+        CommandKind.RESUME,
+    ):
+        raise FieldError(404, "command_id", "no such command")
+    try:
+        command = services.command_ack(
+            command=command,
+            state=CommandState(payload.state),
+            message=payload.message or payload.detail,
+            step=payload.step,
+            ranks=payload.ranks,
+            actor_name=request.agent_token.name,
+            request=request,
+        )
+    except services.CommandConflict as conflict:
+        raise FieldError(409, "state", str(conflict)) from None
+    return command_json(command_get(command_id=command.pk))
+
+
+@router.get(
+    "/runs/{name}/plan",
+    auth=reader_auth,
+    response={200: PlanOut, 400: Errors, 404: Errors},
+    summary="For launchers: the newest durable checkpoint and the run's healthy nodes",
+)
+def plan(request: HttpRequest, name: str, cluster: str | None = None):
+    runs = Run.objects.filter(name=name, cluster__in=_reader_clusters(request))
+    if cluster:
+        runs = runs.filter(cluster__name=cluster)
+    found = list(runs[:2])
+    if len(found) != 1:
+        raise FieldError(404, "name", "no such run")
+    return run_plan(run=found[0])

@@ -1,0 +1,112 @@
+import uuid
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from apps.clusters.models import Cluster, Node
+from apps.commands.choices import CommandKind, CommandState
+from apps.runs.models import Run
+
+
+class Command(models.Model):
+    """An operator's command to a run or a node. Its state only moves forward, through
+    apps.commands.services.command_advance (a conditional UPDATE)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="commands")
+    kind = models.CharField(max_length=16, choices=CommandKind.choices)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, null=True, blank=True, related_name="commands"
+    )
+    node = models.ForeignKey(
+        Node, on_delete=models.CASCADE, null=True, blank=True, related_name="commands"
+    )
+    args = models.JSONField(default=dict, blank=True)
+    reason = models.TextField(blank=True, default="")
+    state = models.CharField(
+        max_length=16, choices=CommandState.choices, default=CommandState.ISSUED
+    )
+    idempotency_key = models.CharField(max_length=128)
+    issued_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    # a drain's checkpoint and stop commands name it
+    parent = models.ForeignKey(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="children"
+    )
+    issued_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "idempotency_key"], name="command_unique_idempotency_key"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(run__isnull=False) | models.Q(node__isnull=False),
+                name="command_has_target",
+            ),
+        ]
+        indexes = [
+            # the long-poll and the expiry sweep read the live commands only
+            models.Index(
+                fields=["cluster", "issued_at"],
+                name="command_live",
+                condition=models.Q(state__in=["issued", "delivered", "accepted"]),
+            ),
+            models.Index(fields=["run", "issued_at"], name="command_run_issued"),
+            models.Index(fields=["node", "issued_at"], name="command_node_issued"),
+        ]
+        ordering = ["-issued_at"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.run or self.node} ({self.state})"
+
+
+class CommandTransition(models.Model):
+    """One real state change of a command (repeats and refused moves leave no row)."""
+
+    command = models.ForeignKey(Command, on_delete=models.CASCADE, related_name="transitions")
+    from_state = models.CharField(max_length=16, choices=CommandState.choices, blank=True)
+    to_state = models.CharField(max_length=16, choices=CommandState.choices)
+    at = models.DateTimeField()
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '-'} → {self.to_state}"
+
+
+class ClusterHooks(models.Model):
+    """The commands that make a cluster's scheduler agree with cordon / uncordon / drain.
+
+    Each is an argv list (run without a shell) whose items may contain {node} and {reason};
+    an empty list runs nothing."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="hooks")
+    cordon_argv = models.JSONField(default=list, blank=True)
+    uncordon_argv = models.JSONField(default=list, blank=True)
+    drain_argv = models.JSONField(default=list, blank=True)
+    timeout_s = models.FloatField(default=30.0)
+
+    class Meta:
+        verbose_name_plural = "cluster hooks"
+
+    def __str__(self) -> str:
+        return f"hooks of {self.cluster}"
+
+    def clean(self) -> None:
+        """Each template is a list of strings (an argv, never a shell line)."""
+        for name in ("cordon_argv", "uncordon_argv", "drain_argv"):
+            argv = getattr(self, name)
+            if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+                raise ValidationError({name: "a JSON list of strings (argv, no shell)"})
+        if self.timeout_s <= 0:
+            raise ValidationError({"timeout_s": "must be positive"})

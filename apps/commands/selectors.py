@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.utils import timezone
+
+from apps.clusters.choices import NodeState
+from apps.clusters.models import Cluster, Node
+from apps.commands.choices import DELIVERED_KINDS, CommandState
+from apps.commands.models import Command
+from apps.runs.choices import RunState
+from apps.runs.models import Run, RunEvent, StepReport
+
+# A node serves a run when it reported one of the run's last NODES_STEPS steps (as
+# apps.runs.selectors does for the run summary).
+NODES_STEPS = 10
+
+
+def _served(*, run_ref: str, last_step_ref: str, **node: Any) -> Exists:
+    return Exists(
+        StepReport.objects.filter(
+            run_id=OuterRef(run_ref), step__gt=OuterRef(last_step_ref) - NODES_STEPS, **node
+        )
+    )
+
+
+def commands_pending(*, cluster_id: int, node_name: str, stale: datetime) -> list[Command]:
+    """The live commands an agent polling as `node_name` should get, oldest first: those
+    addressed to the node, and those of a run it serves that name no node. Issued ones, and
+    delivered ones last handed out before `stale`."""
+    served = _served(
+        run_ref="run_id",
+        last_step_ref="run__last_step",
+        node__name=node_name,
+        node__cluster_id=cluster_id,
+    )
+    return list(
+        Command.objects.filter(cluster_id=cluster_id, kind__in=DELIVERED_KINDS)
+        .filter(expires_at__gt=timezone.now())
+        .filter(
+            Q(state=CommandState.ISSUED) | Q(state=CommandState.DELIVERED, delivered_at__lt=stale)
+        )
+        .filter(Q(node__name=node_name) | Q(node__isnull=True, run__isnull=False) & served)
+        .select_related("run", "node")
+        .order_by("issued_at")
+    )
+
+
+def node_runs(*, node: Node) -> list[Run]:
+    """The running runs the node serves."""
+    served = _served(run_ref="pk", last_step_ref="last_step", node_id=node.pk)
+    return list(
+        Run.objects.filter(cluster_id=node.cluster_id, state=RunState.RUNNING)
+        .filter(served)
+        .order_by("name")
+    )
+
+
+def run_plan(*, run: Run) -> dict[str, Any]:
+    """The contract's plan: the newest durable checkpoint, and the nodes that served the run
+    that are healthy (active: not cordoned, draining or down)."""
+    event = (
+        RunEvent.objects.filter(
+            run=run, kind="checkpoint", data__tier="durable", data__state="completed"
+        )
+        .order_by("-ts")
+        .first()
+    )
+    checkpoint = (
+        {"step": event.step, "path": event.data.get("path"), "tier": "durable"} if event else None
+    )
+    nodes: list[str] = []
+    if run.last_step is not None:
+        served = StepReport.objects.filter(
+            run_id=run.pk, node_id=OuterRef("pk"), step__gt=run.last_step - NODES_STEPS
+        )
+        nodes = list(
+            Node.objects.filter(cluster_id=run.cluster_id, state=NodeState.ACTIVE)
+            .filter(Exists(served))
+            .order_by("name")
+            .values_list("name", flat=True)
+        )
+    return {"run": run.name, "checkpoint": checkpoint, "nodes": nodes}
+
+
+@dataclass
+class CheckpointRanks:
+    """Who reported what for one checkpoint step (rank None: an event without a rank)."""
+
+    started: set[int | None] = field(default_factory=set)
+    durable: set[int | None] = field(default_factory=set)
+    failed: set[int | None] = field(default_factory=set)
+
+
+def checkpoint_ranks(*, run_id: int, step: int) -> CheckpointRanks:
+    seen = CheckpointRanks()
+    events = RunEvent.objects.filter(run_id=run_id, kind="checkpoint", step=step)
+    for rank, tier, state in events.values_list("rank", "data__tier", "data__state"):
+        if state == "failed":
+            seen.failed.add(rank)
+        elif tier == "durable" and state == "started":
+            seen.started.add(rank)
+        elif tier == "durable" and state == "completed":
+            seen.durable.add(rank)
+    return seen
+
+
+def command_get(*, command_id: Any, clusters: QuerySet[Cluster] | None = None) -> Command | None:
+    """The command, if it is in one of `clusters` (None: any)."""
+    commands = Command.objects.select_related("cluster", "run", "node", "issued_by")
+    if clusters is not None:
+        commands = commands.filter(cluster__in=clusters)
+    return commands.filter(pk=command_id).first()
+
+
+def command_list(
+    *,
+    clusters: QuerySet[Cluster],
+    run: str | None = None,
+    node: str | None = None,
+    state: str | None = None,
+    limit: int = 200,
+) -> list[Command]:
+    """The commands of these clusters, newest first."""
+    commands = Command.objects.filter(cluster__in=clusters)
+    if run:
+        commands = commands.filter(run__name=run)
+    if node:
+        commands = commands.filter(node__name=node)
+    if state:
+        commands = commands.filter(state=state)
+    return list(
+        commands.select_related("cluster", "run", "node", "issued_by")
+        .prefetch_related("transitions")
+        .order_by(F("issued_at").desc())[:limit]
+    )
+
+
+def _ts(value: datetime | None) -> float | None:
+    return value.timestamp() if value else None
+
+
+def command_json(command: Command) -> dict[str, Any]:
+    """The API's view of a command, with its history of transitions."""
+    return {
+        "id": str(command.pk),
+        "kind": command.kind,
+        "cluster": command.cluster.name,
+        "run": command.run.name if command.run else None,
+        "node": command.node.name if command.node else None,
+        "args": command.args,
+        "reason": command.reason,
+        "state": command.state,
+        "issued_by": command.issued_by.username if command.issued_by else None,
+        "issued_at": command.issued_at.timestamp(),
+        "expires_at": command.expires_at.timestamp(),
+        "delivered_at": _ts(command.delivered_at),
+        "accepted_at": _ts(command.accepted_at),
+        "finished_at": _ts(command.finished_at),
+        "result": command.result,
+        "parent": str(command.parent_id) if command.parent_id else None,
+        "history": [
+            {
+                "from_state": t.from_state or None,
+                "to_state": t.to_state,
+                "at": t.at.timestamp(),
+                "detail": t.detail,
+            }
+            for t in command.transitions.all()
+        ],
+    }

@@ -1,0 +1,35 @@
+"""Services of the commands app (one state machine: apps.commands.services.core)."""
+
+from apps.commands.services.core import (
+    CommandConflict,
+    command_advance,
+    command_create,
+    command_transition,
+)
+from apps.commands.services.issue import (
+    CommandDenied,
+    CommandInvalid,
+    command_ack,
+    command_issue,
+    commands_deliver,
+)
+from apps.commands.services.nodes import HookFailed, hook_argv, node_cordon, node_uncordon
+from apps.commands.services.reactions import checkpoint_evaluate, commands_sweep
+
+__all__ = [
+    "CommandConflict",
+    "CommandDenied",
+    "CommandInvalid",
+    "HookFailed",
+    "checkpoint_evaluate",
+    "command_ack",
+    "command_advance",
+    "command_create",
+    "command_issue",
+    "command_transition",
+    "commands_deliver",
+    "commands_sweep",
+    "hook_argv",
+    "node_cordon",
+    "node_uncordon",
+]

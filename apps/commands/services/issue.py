@@ -1,0 +1,213 @@
+"""Issuing commands (permission, audit, idempotency), delivering them, acknowledgements."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.access.selectors import user_may
+from apps.audit.services import audit_record
+from apps.clusters.models import Cluster, Node
+from apps.commands.choices import NODE_KINDS, RUN_KINDS, CommandKind, CommandState
+from apps.commands.models import Command
+from apps.commands.selectors import commands_pending, run_plan
+from apps.commands.services.core import CommandConflict, command_create, command_transition
+from apps.commands.services.nodes import HookFailed, node_cordon, node_uncordon
+from apps.runs.models import Run
+
+
+class CommandDenied(Exception):
+    """The user may not operate on this cluster: 403."""
+
+
+class CommandInvalid(Exception):
+    """The command names no fitting target: 400 with `loc`."""
+
+    def __init__(self, loc: str, msg: str) -> None:
+        super().__init__(msg)
+        self.loc, self.msg = loc, msg
+
+
+def command_issue(
+    *,
+    user,
+    cluster: Cluster,
+    kind: str,
+    run: Run | None = None,
+    node: Node | None = None,
+    args: dict | None = None,
+    reason: str = "",
+    idempotency_key: str,
+    request=None,
+    actor_kind: str = "user",
+    actor_name: str = "",
+    parent: Command | None = None,
+) -> tuple[Command, bool]:
+    """Issue a command (or find the one this idempotency key made: created False).
+
+    `user` None is the system acting (a drain's own steps, a policy), named by actor_kind
+    and actor_name. Every attempt is audited, a denied one too (CommandDenied). Node kinds
+    are carried out here: cordon / uncordon end succeeded or failed (a failing scheduler
+    hook fails the command), a drain cordons and checkpoints the node's runs."""
+    _validate(cluster=cluster, kind=kind, run=run, node=node)
+    target = f"run:{run.name}" if kind in RUN_KINDS else f"node:{node.name}"
+    audit = {
+        "actor_user": user,
+        "actor_kind": actor_kind,
+        "actor_name": actor_name,
+        "cluster": cluster,
+        "target": target,
+        "reason": reason,
+        "request": request,
+    }
+    if user is not None and not user_may(user=user, cluster=cluster, action="operate"):
+        audit_record(action=f"command.{kind}", outcome="denied", **audit)
+        raise CommandDenied(f"you may not operate on cluster {cluster.name}")
+    if kind == CommandKind.RESUME:
+        args = _resume_args(run=run, args=args or {})
+    command, created = command_create(
+        cluster_id=cluster.pk,
+        kind=kind,
+        idempotency_key=idempotency_key,
+        run_id=run.pk if run else None,
+        node_id=node.pk if node else None,
+        args=args,
+        reason=reason,
+        issued_by_id=getattr(user, "pk", None),
+        parent_id=parent.pk if parent else None,
+    )
+    audit_record(
+        action=f"command.{kind}",
+        outcome="allowed",
+        detail={"command": str(command.pk), "created": created},
+        **audit,
+    )
+    if created and kind in NODE_KINDS:
+        command = _carry_out(command=command, node=node, audit=audit)
+    return command, created
+
+
+def _validate(*, cluster: Cluster, kind: str, run: Run | None, node: Node | None) -> None:
+    if kind in RUN_KINDS and run is None:
+        raise CommandInvalid("run", f"a {kind} command names a run")
+    if kind in NODE_KINDS and node is None:
+        raise CommandInvalid("node", f"a {kind} command names a node")
+    if kind not in RUN_KINDS | NODE_KINDS:
+        raise CommandInvalid("kind", f"unknown kind {kind!r}")
+    if run is not None and run.cluster_id != cluster.pk:
+        raise CommandInvalid("run", "the run is in another cluster")
+    if node is not None and node.cluster_id != cluster.pk:
+        raise CommandInvalid("node", "the node is in another cluster")
+
+
+def _resume_args(*, run: Run, args: dict[str, Any]) -> dict[str, Any]:
+    """What the operator left out comes from the run's plan (its newest durable checkpoint,
+    its healthy nodes)."""
+    plan = run_plan(run=run)
+    filled = dict(args)
+    if "checkpoint" not in filled and plan["checkpoint"]:
+        filled["checkpoint"] = plan["checkpoint"]["path"]
+        filled.setdefault("step", plan["checkpoint"]["step"])
+    filled.setdefault("nodes", plan["nodes"])
+    return filled
+
+
+def _carry_out(*, command: Command, node: Node, audit: dict[str, Any]) -> Command:
+    """Cordon and uncordon happen now; a drain starts (apps.commands.services.reactions)."""
+    from apps.commands.services.reactions import drain_start
+
+    actor = {key: audit[key] for key in ("actor_user", "actor_kind", "actor_name", "request")}
+    try:
+        if command.kind == CommandKind.CORDON:
+            hook = node_cordon(node=node, reason=command.reason, **actor)
+        elif command.kind == CommandKind.UNCORDON:
+            hook = node_uncordon(node=node, reason=command.reason, **actor)
+        else:
+            return drain_start(command=command, node=node, actor=actor)
+    except HookFailed as failed:
+        return command_transition(
+            command_id=command.pk,
+            to_state=CommandState.FAILED,
+            detail={"hook": failed.result.to_dict()},
+            result={"hook": failed.result.to_dict()},
+        )[0]
+    hook_result = {"hook": hook.to_dict() if hook else None}
+    return command_transition(
+        command_id=command.pk,
+        to_state=CommandState.SUCCEEDED,
+        detail=hook_result,
+        result=hook_result,
+    )[0]
+
+
+def commands_deliver(*, cluster_id: int, node_name: str) -> list[Command]:
+    """The commands pending for the node that this call hands out: issued ones become
+    delivered; delivered ones unacknowledged for COMMANDS_REDELIVER_AFTER_S go out again (an
+    agent restarted or lost the answer). Racing polls hand each out once: a conditional
+    UPDATE decides."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.COMMANDS_REDELIVER_AFTER_S)
+    handed = []
+    for command in commands_pending(cluster_id=cluster_id, node_name=node_name, stale=stale):
+        if command.state == CommandState.ISSUED:
+            try:
+                command, moved = command_transition(
+                    command_id=command.pk,
+                    to_state=CommandState.DELIVERED,
+                    detail={"node": node_name},
+                )
+            except CommandConflict:  # acknowledged or expired meanwhile
+                continue
+        else:
+            moved = bool(
+                Command.objects.filter(
+                    pk=command.pk, state=CommandState.DELIVERED, delivered_at=command.delivered_at
+                ).update(delivered_at=now)
+            )
+        if moved:
+            handed.append(command)
+    return handed
+
+
+def command_ack(
+    *,
+    command: Command,
+    state: str,
+    message: str = "",
+    step: int | None = None,
+    ranks: list[int] | None = None,
+    actor_name: str = "",
+    request=None,
+) -> Command:
+    """An agent's acknowledgement. Raises CommandConflict for a move backwards. An accepted
+    checkpoint naming its step is judged at once against the events already stored."""
+    from apps.commands.services.reactions import checkpoint_evaluate
+
+    result: dict[str, Any] = {"message": message} if message else {}
+    if step is not None:
+        result["step"] = step
+    if ranks is not None:
+        result["ranks"] = ranks
+    audit = {
+        "action": "command.ack",
+        "actor_kind": "agent",
+        "actor_name": actor_name,
+        "cluster": command.cluster,
+        "target": f"command:{command.pk}",
+        "detail": {"state": state, **result},
+        "request": request,
+    }
+    try:
+        command, moved = command_transition(
+            command_id=command.pk, to_state=state, detail={"ack": True, **result}, result=result
+        )
+    except CommandConflict:
+        audit_record(outcome="denied", **audit)
+        raise
+    audit_record(outcome="succeeded" if moved else "allowed", **audit)
+    if command.kind == CommandKind.CHECKPOINT and command.state == CommandState.ACCEPTED:
+        command = checkpoint_evaluate(command=command)
+    return command

@@ -1,0 +1,172 @@
+"""Node cordon, uncordon and drain state, and the cluster's scheduler hooks."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.audit.services import audit_record
+from apps.clusters.choices import NodeState
+from apps.clusters.models import Node
+from apps.commands.choices import NODE_NAME_PATTERN
+from apps.commands.models import ClusterHooks
+
+OUTPUT_KEPT = 4000  # characters of a hook's stdout / stderr kept in the audit entry
+_NODE_NAME = re.compile(NODE_NAME_PATTERN)
+
+
+class HookFailed(Exception):
+    """The scheduler hook exited non-zero, timed out or could not start."""
+
+    def __init__(self, result: HookResult) -> None:
+        super().__init__(result.error or f"hook exited with {result.exit_code}")
+        self.result = result
+
+
+@dataclass(frozen=True)
+class HookResult:
+    argv: list[str]
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.error
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "argv": self.argv,
+            "exit_code": self.exit_code,
+            "stdout": self.stdout[-OUTPUT_KEPT:],
+            "stderr": self.stderr[-OUTPUT_KEPT:],
+            "error": self.error,
+        }
+
+
+def hook_argv(template: list[str], *, node: str, reason: str) -> list[str]:
+    """The template with {node} and {reason} filled in, item by item (plain replacement, not
+    str.format: a template cannot reach attributes). Raises ValueError for a node name that
+    is not a plain host name (an option such as "-x" or a path never reaches the hook)."""
+    if not _NODE_NAME.match(node):
+        raise ValueError(f"node name {node!r} is not a plain host name")
+    if any(ord(char) < 32 for char in reason):
+        raise ValueError("reason has control characters")
+    return [str(item).replace("{node}", node).replace("{reason}", reason) for item in template]
+
+
+def hook_run(*, node: Node, which: str, reason: str) -> HookResult | None:
+    """Run the cluster's `which` hook (cordon | uncordon | drain) for the node, without a
+    shell and within its timeout. None when the cluster has no such hook."""
+    hooks = ClusterHooks.objects.filter(cluster_id=node.cluster_id).first()
+    template = getattr(hooks, f"{which}_argv", None) if hooks else None
+    if not template:
+        return None
+    try:
+        argv = hook_argv(template, node=node.name, reason=reason)
+    except ValueError as error:
+        return HookResult(argv=[], exit_code=None, error=str(error))
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=hooks.timeout_s, shell=False, check=False
+        )
+    except subprocess.TimeoutExpired as expired:
+        return HookResult(
+            argv=argv,
+            exit_code=None,
+            stdout=_text(expired.stdout),
+            stderr=_text(expired.stderr),
+            error=f"timed out after {hooks.timeout_s:g} s",
+        )
+    except OSError as error:
+        return HookResult(argv=argv, exit_code=None, error=f"could not start: {error}")
+    return HookResult(argv=argv, exit_code=done.returncode, stdout=done.stdout, stderr=done.stderr)
+
+
+def _text(output: bytes | str | None) -> str:
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""
+
+
+def node_cordon(
+    *,
+    node: Node,
+    reason: str = "",
+    actor_user=None,
+    actor_kind: str = "user",
+    actor_name: str = "",
+    request=None,
+    state: str = NodeState.CORDONED,
+    hook: str = "cordon",
+) -> HookResult | None:
+    """Take the node out of run plans (state `cordoned`, or `draining` for a drain), after
+    the scheduler hook agreed. A failing hook raises HookFailed and changes nothing."""
+    result = hook_run(node=node, which=hook, reason=reason)
+    ok = result is None or result.ok
+    with transaction.atomic():
+        if ok:
+            Node.objects.filter(pk=node.pk).update(
+                state=state,
+                cordon_reason=reason,
+                cordoned_at=timezone.now(),
+                cordoned_by_id=getattr(actor_user, "pk", None),
+            )
+        _audit(
+            f"node.{hook}", ok, node, reason, result, actor_user, actor_kind, actor_name, request
+        )
+    if not ok:
+        raise HookFailed(result)
+    return result
+
+
+def node_uncordon(
+    *,
+    node: Node,
+    reason: str = "",
+    actor_user=None,
+    actor_kind: str = "user",
+    actor_name: str = "",
+    request=None,
+) -> HookResult | None:
+    """Return the node to run plans (state `active`) after the uncordon hook agreed."""
+    result = hook_run(node=node, which="uncordon", reason=reason)
+    ok = result is None or result.ok
+    with transaction.atomic():
+        if ok:
+            Node.objects.filter(pk=node.pk).update(
+                state=NodeState.ACTIVE, cordon_reason="", cordoned_at=None, cordoned_by_id=None
+            )
+        _audit(
+            "node.uncordon", ok, node, reason, result, actor_user, actor_kind, actor_name, request
+        )
+    if not ok:
+        raise HookFailed(result)
+    return result
+
+
+def node_drain_settle(*, node_id: int) -> None:
+    """A drain is over (however it ended): a draining node ends cordoned."""
+    Node.objects.filter(pk=node_id, state=NodeState.DRAINING).update(state=NodeState.CORDONED)
+
+
+def _audit(action, ok, node, reason, result, actor_user, actor_kind, actor_name, request):
+    audit_record(
+        action=action,
+        outcome="succeeded" if ok else "failed",
+        actor_user=actor_user,
+        actor_kind=actor_kind,
+        actor_name=actor_name,
+        cluster=node.cluster,
+        target=f"node:{node.name}",
+        reason=reason,
+        detail={"hook": result.to_dict()} if result else {"hook": None},
+        request=request,
+    )

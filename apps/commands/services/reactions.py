@@ -1,0 +1,136 @@
+"""What follows from a command's progress: drains step on, checkpoints are judged, commands
+expire. Called from the state machine, the ack, and the periodic sweep (never from ingest)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from django.utils import timezone
+
+from apps.clusters.choices import NodeState
+from apps.clusters.models import Node
+from apps.commands.choices import CommandKind, CommandState
+from apps.commands.models import Command
+from apps.commands.selectors import checkpoint_ranks, node_runs
+from apps.commands.services.core import CommandConflict, command_transition
+from apps.commands.services.nodes import HookFailed, node_cordon, node_drain_settle
+from apps.runs.models import Run
+
+SYSTEM = {"user": None, "actor_kind": "policy", "actor_name": "drain"}
+
+
+def drain_start(*, command: Command, node: Node, actor: dict[str, Any]) -> Command:
+    """Cordon the node as `draining` (drain hook first), then ask each run on it for a
+    checkpoint; each stop follows its checkpoint's success (command_finished). With no run
+    on the node the drain is done at once."""
+    try:
+        hook = node_cordon(
+            node=node, reason=command.reason, state=NodeState.DRAINING, hook="drain", **actor
+        )
+    except HookFailed as failed:
+        hook_failed = {"hook": failed.result.to_dict()}
+        return _move(command, CommandState.FAILED, hook_failed)
+    runs = node_runs(node=node)
+    hook_result = {"hook": hook.to_dict() if hook else None, "runs": [run.name for run in runs]}
+    command = _move(command, CommandState.ACCEPTED, hook_result)
+    for run in runs:
+        _child(command, CommandKind.CHECKPOINT, run)
+    if not runs:
+        command = _move(command, CommandState.SUCCEEDED, {"runs": []})
+    return command
+
+
+def command_finished(*, command: Command) -> None:
+    """A command reached a terminal state: step its drain on, or settle a finished drain."""
+    if command.kind == CommandKind.DRAIN:
+        node_drain_settle(node_id=command.node_id)
+        return
+    if command.parent_id is None:
+        return
+    drain = Command.objects.get(pk=command.parent_id)
+    if drain.state not in (CommandState.ACCEPTED,):
+        return
+    if command.kind == CommandKind.CHECKPOINT:
+        if command.state == CommandState.SUCCEEDED:
+            _child(drain, CommandKind.STOP, command.run, node_id=drain.node_id)
+        else:
+            _move(
+                drain, CommandState.FAILED, {"checkpoint": str(command.pk), "run": command.run.name}
+            )
+    elif command.kind == CommandKind.STOP:
+        if command.state != CommandState.SUCCEEDED:
+            _move(drain, CommandState.FAILED, {"stop": str(command.pk), "run": command.run.name})
+        elif _all_stopped(drain):
+            _move(drain, CommandState.SUCCEEDED, {"stopped": drain.result.get("runs", [])})
+
+
+def _all_stopped(drain: Command) -> bool:
+    runs = set(drain.result.get("runs", []))
+    stopped = set(
+        drain.children.filter(kind=CommandKind.STOP, state=CommandState.SUCCEEDED).values_list(
+            "run__name", flat=True
+        )
+    )
+    return runs <= stopped
+
+
+def _child(drain: Command, kind: str, run: Run, node_id: int | None = None) -> Command:
+    """A drain's own checkpoint or stop: one per run (its idempotency key says so)."""
+    from apps.commands.services.issue import command_issue
+
+    node = Node.objects.get(pk=node_id) if node_id else None
+    return command_issue(
+        cluster=drain.cluster,
+        kind=kind,
+        run=run,
+        node=node,
+        reason=drain.reason,
+        args={"drain": str(drain.pk), **({"node": node.name} if node else {})},
+        idempotency_key=f"drain:{drain.pk}:{kind}:{run.pk}",
+        parent=drain,
+        **SYSTEM,
+    )[0]
+
+
+def _move(command: Command, state: str, detail: dict[str, Any]) -> Command:
+    try:
+        return command_transition(
+            command_id=command.pk, to_state=state, detail=detail, result=detail
+        )[0]
+    except CommandConflict as conflict:  # someone else finished it first (expiry): keep theirs
+        return conflict.command
+
+
+def checkpoint_evaluate(*, command: Command) -> Command:
+    """An accepted checkpoint command whose step is known (ack `step`, else `args.step`):
+    failed on a failed checkpoint event of that step; succeeded once every rank that saves
+    reported the durable checkpoint of that step completed. The ranks that save are those
+    the ack or the args name (`ranks`), else every rank that reported starting it."""
+    step = command.result.get("step", command.args.get("step"))
+    if command.state != CommandState.ACCEPTED or step is None or command.run_id is None:
+        return command
+    seen = checkpoint_ranks(run_id=command.run_id, step=int(step))
+    if seen.failed:
+        return _move(command, CommandState.FAILED, {"failed_ranks": sorted(seen.failed, key=str)})
+    expected = set(command.result.get("ranks") or command.args.get("ranks") or seen.started)
+    if seen.durable and expected <= seen.durable:
+        return _move(command, CommandState.SUCCEEDED, {"durable_step": int(step)})
+    return command
+
+
+def commands_sweep() -> dict[str, int]:
+    """Beat's pass: expire the live commands past expires_at, judge accepted checkpoints."""
+    now = timezone.now()
+    expired = judged = 0
+    late = Command.objects.filter(
+        state__in=[CommandState.ISSUED, CommandState.DELIVERED, CommandState.ACCEPTED],
+        expires_at__lte=now,
+    ).values_list("pk", flat=True)
+    for pk in list(late):
+        with contextlib.suppress(CommandConflict):  # finished meanwhile
+            expired += command_transition(command_id=pk, to_state=CommandState.EXPIRED)[1]
+    accepted = Command.objects.filter(kind=CommandKind.CHECKPOINT, state=CommandState.ACCEPTED)
+    for command in accepted:
+        judged += checkpoint_evaluate(command=command).state != CommandState.ACCEPTED
+    return {"expired": expired, "judged": judged}
