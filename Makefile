@@ -16,10 +16,10 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(PY) -m opsboard.stack demo
+	$(PY) -m launcher.stack demo
 
 run: install
-	$(PY) -m opsboard.stack run
+	$(PY) -m launcher.stack run
 
 # Tests serve plain HTTP on loopback: no HTTPS redirect or secure-only cookies there.
 TEST_ENV := SECURE_SSL_REDIRECT=false SESSION_COOKIE_SECURE=false CSRF_COOKIE_SECURE=false
@@ -31,10 +31,16 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(PY) manage.py check --fail-level WARNING
 	$(PY) manage.py makemigrations --check --dry-run
+	$(VENV)/bin/mypy
 
-# Every simulated fault × 3 seeds and a 2-hour clean run through a live stack, replayed and
-# scored: recall, false alarms, time to detect, culprit (docs/evaluation.md).
+# Every simulated fault × 3 seeds at two noise levels (CV 10 % and 30 %, spikes on), a
+# 2-hour clean run per level, the DDP jobs and the straggler sensitivity table, through a
+# live stack, replayed and scored: recall, false alarms, time to detect, culprit
+# (docs/evaluation.md). EVALUATE_ARGS="--fault straggler --noise 0.3" for a part of it.
+EVALUATE_ARGS ?= --sensitivity
 evaluate: install
 	$(PY) manage.py evaluate_detectors $(EVALUATE_ARGS)
 

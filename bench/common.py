@@ -58,13 +58,14 @@ def conninfo(url: str) -> str:
 
 
 class BenchStack:
-    """The processes of `make run`, as opsboard.stack starts them (HTTP on gunicorn by
+    """The processes of `make run`, as launcher.stack starts them (HTTP on gunicorn by
     default; `http="uvicorn"` serves HTTP from the ASGI server too, for comparison)."""
 
     def __init__(
         self, env: dict[str, str], web_workers: int, concurrency: int, http: str = "gunicorn"
     ) -> None:
-        from opsboard.stack import free_port, server_commands
+        from launcher.procs import free_port
+        from launcher.stack import server_commands
 
         self.port, self.ws_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -100,7 +101,7 @@ class BenchStack:
         self.processes: list[subprocess.Popen] = []
 
     def start(self) -> None:
-        from tests.stackproc import http_ok, wait_until
+        from launcher.procs import http_ok, wait_until
 
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         for name, command in self.commands.items():
@@ -113,7 +114,7 @@ class BenchStack:
         wait_until(lambda: http_ok(f"{self.url}/healthz"), 60, "the web server")
 
     def stop(self) -> None:
-        from opsboard.stack import children_stop
+        from launcher.procs import children_stop
 
         children_stop(self.processes, timeout=20)
 

@@ -232,7 +232,7 @@ def raw_vs_rollup(table: Table, *, ids: dict, end: float, hours: float, reps: in
 
 
 def generic_plans(table: Table, *, ids: dict, end: float) -> None:
-    from tests.history.helpers import prepared_generic_plans
+    from launcher.plans import prepared_generic_plans
 
     table.section("10 repetitions: client-side binding vs prepared with generic plans")
     for name, call in selector_cases(ids).items():

@@ -65,9 +65,10 @@ def seed(*, conninfo: str, start: float, end: float) -> dict[str, Any]:
     from django.utils import timezone
 
     from apps.clusters.models import Cluster, Node
+    from apps.core.times import to_datetime
     from apps.runs.models import Run
     from apps.telemetry.models import NodeHealth
-    from apps.telemetry.services import metric_ids, to_datetime
+    from apps.telemetry.services import metric_ids
 
     cluster = Cluster.objects.create(name=CLUSTER)
     nodes = Node.objects.bulk_create(
@@ -123,8 +124,8 @@ def rollups_build(*, conninfo: str, start: float, end: float, fresh: bool = Fals
 
     import psycopg
 
+    from apps.core.times import to_datetime
     from apps.history.services import rollups_rebuild
-    from apps.telemetry.services import to_datetime
 
     if fresh:
         with psycopg.connect(conninfo, autocommit=True) as conn:

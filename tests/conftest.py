@@ -18,6 +18,15 @@ from apps.ingest.models import InboxBatch
 from tests.stackproc import Stack, database_url
 
 
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """On the embedded default (no DATABASE_URL / REDIS_URL), stop the embedded Postgres and
+    Redis that this session started, so that `make test` leaves no server behind; servers it
+    found running (a developer's `make run`) are left alone. External services: a no-op."""
+    from opsboard.embedded import stop_started
+
+    stop_started()
+
+
 def stack_env(**extra: str) -> dict[str, str]:
     return {
         "DATABASE_URL": database_url(connection.settings_dict),

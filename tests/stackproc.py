@@ -10,13 +10,10 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
-from pathlib import Path
 from urllib.parse import quote
 
-from opsboard.stack import free_port
+from launcher.procs import ROOT, free_port, http_ok, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = ROOT / "tests" / "artifacts" / "logs"
 
 
@@ -27,25 +24,6 @@ def database_url(settings_dict: dict) -> str:
     password = settings_dict.get("PASSWORD")
     auth = f"{user}:{quote(password, safe='')}" if password else user
     return f"postgres://{auth}@{quote(host, safe='')}{port}/{settings_dict['NAME']}"
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 class Process:
@@ -112,12 +90,12 @@ class Process:
 
 
 class Stack:
-    """The processes of `make run` (opsboard.stack.server_commands) on one database and Redis:
+    """The processes of `make run` (launcher.stack.server_commands) on one database and Redis:
     gunicorn for HTTP, uvicorn for websockets, a supervised Celery worker for ingest, another
     for the periodic queue with beat embedded, and the live publisher."""
 
     def __init__(self, env: dict[str, str], name: str = "stack", publisher: bool = True) -> None:
-        from opsboard.stack import server_commands
+        from launcher.stack import server_commands
 
         self.name = name
         self.port, self.ws_port = free_port(), free_port()

@@ -6,6 +6,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from apps.access.models import ClusterRole
 from apps.clusters.models import Cluster, Node
 from apps.clusters.services import token_issue
 from apps.runs.models import Run
@@ -85,9 +86,12 @@ def test_an_unknown_run_is_404():
 
 
 def test_a_logged_in_operator_reads_a_run_summary():
-    Run.objects.create(cluster=Cluster.objects.create(name="alpha"), name="r1", world_size=8)
+    cluster = Cluster.objects.create(name="alpha")
+    Run.objects.create(cluster=cluster, name="r1", world_size=8)
     client = Client(HTTP_HOST="127.0.0.1")
-    client.force_login(get_user_model().objects.create_user("op", password="pw-long-enough-1"))
+    user = get_user_model().objects.create_user("op", password="pw-long-enough-1")
+    ClusterRole.objects.create(user=user, cluster=cluster, role="viewer")
+    client.force_login(user)
     response = client.get("/api/v1/runs/r1")
     assert response.status_code == 200
     body = response.json()

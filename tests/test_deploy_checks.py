@@ -5,7 +5,7 @@ import secrets
 import subprocess
 import sys
 
-from tests.stackproc import ROOT
+from launcher.procs import ROOT
 
 
 def test_check_deploy_is_clean_with_debug_off():

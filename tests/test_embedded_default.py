@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from launcher.procs import ROOT, free_port, http_ok, wait_until
 from tests.conftest import make_batch
-from tests.stackproc import ROOT, free_port, http_ok, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -27,7 +27,7 @@ def embedded_env(var_dir) -> dict[str, str]:
 
 
 def start_stack(env, port, log):
-    command = [sys.executable, "-m", "opsboard.stack", "run", "--port", str(port)]
+    command = [sys.executable, "-m", "launcher.stack", "run", "--port", str(port)]
     process = subprocess.Popen(
         [*command, "--ws-port", str(free_port())],
         cwd=ROOT,
@@ -96,3 +96,59 @@ def test_the_embedded_default_ingests_end_to_end_and_keeps_its_data(tmp_path):
             assert len(series(port, secret, now - 60)) == 1
         finally:
             stop_stack(stack)
+
+
+def servers_up(var_dir) -> set[str]:
+    """Which embedded servers of this var dir run: Postgres by its postmaster's command line
+    (which names the data directory), Redis by its port answering (it renames its process)."""
+    import psutil
+    import redis
+
+    up = set()
+    pgdata = str(var_dir / "pgdata")
+    if any(pgdata in " ".join(p.info["cmdline"] or ()) for p in psutil.process_iter(["cmdline"])):
+        up.add("postgres")
+    port_file = var_dir / "redis" / "port"
+    if port_file.exists():
+        try:
+            redis.Redis(port=int(port_file.read_text()), socket_timeout=1).ping()
+            up.add("redis")
+        except redis.RedisError:
+            pass
+    return up
+
+
+def pytest_on_embedded_default(env) -> None:
+    """A short pytest session (pure tests, no database) on the embedded default: the
+    settings still start (or attach to) the embedded servers, as `make test` does."""
+    command = [sys.executable, "-m", "pytest", "tests/detectors/test_xid.py", "-q"]
+    result = subprocess.run(
+        [*command, "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, timeout=180
+    )
+    assert result.returncode == 0, result.stdout.decode()[-2000:]
+
+
+def embedded_start(env) -> None:
+    code = "from opsboard.embedded import database_url, redis_url; database_url(); redis_url()"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, timeout=120)
+
+
+def embedded_stop(env) -> None:
+    code = "from opsboard.embedded import stop_all; stop_all()"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, timeout=60)
+
+
+def test_a_test_session_stops_the_servers_it_started_and_leaves_running_ones_alone(tmp_path):
+    var = tmp_path / "var"
+    env = embedded_env(var)
+    try:
+        pytest_on_embedded_default(env)
+        assert (var / "pgdata").exists(), "the session did not use the embedded default"
+        wait_until(lambda: not servers_up(var), 30, "the embedded servers to stop")
+
+        embedded_start(env)
+        assert servers_up(var) == {"postgres", "redis"}
+        pytest_on_embedded_default(env)
+        assert servers_up(var) == {"postgres", "redis"}
+    finally:
+        embedded_stop(env)

@@ -2,7 +2,6 @@ from django.contrib import admin
 
 from apps.alerts.models import (
     Alert,
-    AuditEntry,
     ClusterDetectorConfig,
     WebhookDelivery,
     WebhookEndpoint,
@@ -17,15 +16,6 @@ class AlertAdmin(admin.ModelAdmin):
     list_select_related = ["cluster"]
     # Alerts change through the detectors and the acknowledge action, not by hand.
     readonly_fields = [f.name for f in Alert._meta.fields]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-
-@admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
-    list_display = ["at", "action", "alert", "actor", "note"]
-    readonly_fields = ["alert", "action", "actor", "note", "at"]
 
     def has_add_permission(self, request) -> bool:
         return False

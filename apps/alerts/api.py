@@ -5,19 +5,22 @@ from ninja import Field, Query, Router, Schema
 from ninja.security import SessionAuth
 from pydantic import field_validator
 
+from apps.access.auth import reader_auth
+from apps.access.selectors import clusters_visible
 from apps.alerts.selectors import alert_get, alert_json, alert_list
-from apps.alerts.services import AlertAlreadyAcknowledged, AlertResolved, alert_acknowledge
+from apps.alerts.services import (
+    AlertAlreadyAcknowledged,
+    AlertResolved,
+    alert_acknowledge,
+    alert_acknowledge_authorize,
+)
 from apps.clusters.models import Cluster
-from apps.ingest.auth import reader_auth
-from apps.ingest.bounds import NAME_MAX_LENGTH
-from apps.ingest.schemas import Errors
-from apps.telemetry.api import CLUSTER_MAX_LENGTH, timestamp_field
-from opsboard.errors import FieldError
-from opsboard.middleware import NUL_MESSAGE
+from apps.core.bounds import NAME_MAX_LENGTH
+from apps.core.errors import Errors, FieldError
+from apps.core.middleware import NUL_MESSAGE
+from apps.core.params import CLUSTER_MAX_LENGTH, timestamp_field
 
 router = Router(tags=["alerts"])
-
-ACKNOWLEDGE_PERMISSION = "alerts.acknowledge_alert"
 
 
 class AlertOut(Schema):
@@ -52,7 +55,7 @@ class AlertsQuery(Schema):
 
 class AckIn(Schema):
     # stored in a text column: no NUL (the query string and forms are checked by
-    # opsboard.middleware, a JSON body only here)
+    # apps.core.middleware, a JSON body only here)
     note: str = Field(default="", max_length=2000)
 
     @field_validator("note")
@@ -74,14 +77,15 @@ def alerts(request: HttpRequest, query: Query[AlertsQuery]):
     if token is not None:
         cluster: Cluster | None = Cluster(pk=token.cluster_id)
     elif query.cluster:
-        cluster = Cluster.objects.filter(name=query.cluster).first()
+        cluster = clusters_visible(user=request.user).filter(name=query.cluster).first()
         if cluster is None:
             raise FieldError(404, "cluster", "no such cluster")
     else:
-        cluster = None  # a logged-in operator sees every cluster
+        cluster = None  # a user sees the clusters they hold a role in
     found = alert_list(
-        cluster=cluster, run=query.run, node=query.node, state=query.state, since=query.since
-    )
+        cluster=cluster, run=query.run, node=query.node, state=query.state, since=query.since,
+        visible=None if token is not None else clusters_visible(user=request.user),
+    )  # fmt: skip
     return {"alerts": [alert_json(alert) for alert in found]}
 
 
@@ -89,16 +93,21 @@ def alerts(request: HttpRequest, query: Query[AlertsQuery]):
     "/alerts/{alert_id}/ack",
     auth=SessionAuth(),  # a logged-in operator, with CSRF
     response={200: AlertOut, 400: Errors, 401: Errors, 403: Errors, 404: Errors, 409: Errors},
-    summary="Acknowledge a firing alert (operators with the acknowledge permission)",
+    summary="Acknowledge a firing alert (operators of the alert's cluster)",
 )
 def alert_ack(request: HttpRequest, alert_id: int, payload: AckIn):
-    if not request.user.has_perm(ACKNOWLEDGE_PERMISSION):
-        raise FieldError(403, "", "you may not acknowledge alerts")
-    alert = alert_get(alert_id=alert_id)
+    alert = alert_get(alert_id=alert_id, visible=clusters_visible(user=request.user))
     if alert is None:
         raise FieldError(404, "alert_id", "no such alert")
+    allowed = alert_acknowledge_authorize(
+        user=request.user, alert=alert, note=payload.note, request=request
+    )
+    if not allowed:
+        raise FieldError(403, "", "you may not acknowledge this cluster's alerts")
     try:
-        acknowledged = alert_acknowledge(alert=alert, user=request.user, note=payload.note)
+        acknowledged = alert_acknowledge(
+            alert=alert, user=request.user, note=payload.note, request=request
+        )
     except (AlertResolved, AlertAlreadyAcknowledged) as error:
         raise FieldError(409, "state", str(error)) from None
     return alert_json(alert_get(alert_id=acknowledged.pk))

@@ -49,28 +49,9 @@ class Alert(models.Model):
             )
         ]
         indexes = [models.Index(fields=["cluster", "-opened_at"], name="alert_cluster_opened")]
-        permissions = [("acknowledge_alert", "Can acknowledge alerts")]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.subject} ({self.state})"
-
-
-class AuditEntry(models.Model):
-    """Who did what to an alert, when, and why (acknowledgements and their notes)."""
-
-    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="audit")
-    action = models.CharField(max_length=16, choices=AlertEvent.choices)
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
-    )
-    note = models.TextField(blank=True)
-    at = models.DateTimeField()
-
-    class Meta:
-        verbose_name_plural = "audit entries"
-
-    def __str__(self) -> str:
-        return f"{self.action} of alert {self.alert_id} by {self.actor_id}"
 
 
 class WebhookEndpoint(models.Model):

@@ -13,7 +13,7 @@ def evaluate_all() -> int:
 
 
 @shared_task(
-    name="alerts.webhook_deliver",
+    name=services.WEBHOOK_DELIVER_TASK,
     ignore_result=True,
     acks_late=True,
     autoretry_for=(services.WebhookFailed,),

@@ -18,8 +18,8 @@ from apps.alerts.choices import OPEN_STATES
 from apps.alerts.models import Alert
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
+from apps.core.bounds import MAX_GPUS
 from apps.history.selectors import run_rank_history
-from apps.ingest.bounds import MAX_GPUS
 from apps.ingest.models import InboxBatch
 from apps.runs.choices import ENDED_STATES, RunState
 from apps.runs.models import CHECKED, Run, RunEvent, StepReport
@@ -154,9 +154,13 @@ def alerts_filtered(
     run: str = "",
     node: str = "",
     limit: int = ALERTS_PAGE_LIMIT,
+    visible: list[Cluster] | None = None,
 ) -> list[Alert]:
-    """Alerts newest first, narrowed by any of the given filters (empty: no filter)."""
+    """Alerts newest first, narrowed by any of the given filters (empty: no filter), of the
+    `visible` clusters only when given."""
     alerts = Alert.objects.select_related("cluster", "run", "node", "acknowledged_by")
+    if visible is not None:
+        alerts = alerts.filter(cluster__in=visible)
     if cluster is not None:
         alerts = alerts.filter(cluster=cluster)
     for field, value in (("kind", kind), ("state", state), ("run__name", run)):

@@ -14,25 +14,30 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from apps.access.selectors import clusters_visible
 from apps.alerts.choices import OPEN_STATES, AlertState
 from apps.alerts.selectors import alert_get, alert_json, detector_pass_status
-from apps.alerts.services import AlertAlreadyAcknowledged, AlertResolved, alert_acknowledge
-from apps.clusters.selectors import cluster_list
+from apps.alerts.services import (
+    AlertAlreadyAcknowledged,
+    AlertResolved,
+    alert_acknowledge,
+    alert_acknowledge_authorize,
+)
+from apps.core.bounds import MAX_GPUS
+from apps.core.errors import error_response
 from apps.dashboard import charts, selectors
 from apps.dashboard.selectors import HEALTH_RULES, RANGES, RangeInvalid, TimeRange
-from apps.ingest.bounds import MAX_GPUS
 from apps.live.selectors import node_health_list
 from apps.runs.selectors import run_summary
 from apps.telemetry.selectors import health_series, series_grouped
-from opsboard.errors import error_response
 
-ACKNOWLEDGE_PERMISSION = "alerts.acknowledge_alert"
 DEFAULT_RANGE = "1h"
 NODE_PLACEHOLDER = "__node__"
 
 
-def _cluster_or_404(name: str):
-    cluster = selectors.cluster_of(name=name)
+def _cluster_or_404(request: HttpRequest, name: str):
+    """The named cluster if the user may see it (a role in it, or superuser); else 404."""
+    cluster = clusters_visible(user=request.user).filter(name=name).first()
     if cluster is None:
         raise Http404("no such cluster")
     return cluster
@@ -45,7 +50,7 @@ def _live_config(cluster_names: list[str]) -> dict:
 @login_required
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    clusters = cluster_list()
+    clusters = list(clusters_visible(user=request.user).order_by("name"))
     if len(clusters) == 1:
         return redirect("cluster-overview", cluster=clusters[0].name)
     return render(request, "dashboard/home.html", {"clusters": clusters})
@@ -54,7 +59,7 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
-    found = _cluster_or_404(cluster)
+    found = _cluster_or_404(request, cluster)
     now = time.time()
     nodes = node_health_list(cluster_id=found.id)
     alert_rows = selectors.open_alerts(cluster=found)
@@ -127,7 +132,7 @@ def _chart_panels(
 @login_required
 @require_GET
 def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
-    found = _cluster_or_404(cluster)
+    found = _cluster_or_404(request, cluster)
     run_found = selectors.run_of(cluster=found, name=run)
     if run_found is None:
         raise Http404("no such run")
@@ -162,7 +167,7 @@ def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
 @login_required
 @require_GET
 def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
-    found = _cluster_or_404(cluster)
+    found = _cluster_or_404(request, cluster)
     node_found = selectors.node_of(cluster=found, name=node)
     if node_found is None:
         raise Http404("no such node")
@@ -233,12 +238,12 @@ ALERT_FILTERS = ("cluster", "kind", "state", "run", "node")
 @require_GET
 def alerts_page(request: HttpRequest) -> HttpResponse:
     filters = {name: request.GET.get(name, "").strip() for name in ALERT_FILTERS}
-    clusters = cluster_list()
+    clusters = list(clusters_visible(user=request.user).order_by("name"))
     cluster = next((c for c in clusters if c.name == filters["cluster"]), None)
     if filters["cluster"] and cluster is None:
         raise Http404("no such cluster")
     alerts = selectors.alerts_filtered(
-        cluster=cluster, **{k: v for k, v in filters.items() if k != "cluster"}
+        cluster=cluster, visible=clusters, **{k: v for k, v in filters.items() if k != "cluster"}
     )
     # the live feed of the clusters whose alerts are listed (of every cluster when none is)
     watched = [cluster.name] if cluster else sorted({a.cluster.name for a in alerts})
@@ -257,15 +262,15 @@ def alerts_page(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def alert_ack(request: HttpRequest, alert_id: int) -> HttpResponse:
-    """Acknowledge with a note (CSRF-protected form; the acknowledge permission)."""
-    if not request.user.has_perm(ACKNOWLEDGE_PERMISSION):
-        return HttpResponseForbidden("you may not acknowledge alerts")
-    alert = alert_get(alert_id=alert_id)
+    """Acknowledge with a note (CSRF-protected form; operate on the alert's cluster)."""
+    alert = alert_get(alert_id=alert_id, visible=clusters_visible(user=request.user))
     if alert is None:
         raise Http404("no such alert")
     note = request.POST.get("note", "")[:2000]
+    if not alert_acknowledge_authorize(user=request.user, alert=alert, note=note, request=request):
+        return HttpResponseForbidden("you may not acknowledge this cluster's alerts")
     try:
-        alert_acknowledge(alert=alert, user=request.user, note=note)
+        alert_acknowledge(alert=alert, user=request.user, note=note, request=request)
         messages.success(request, f"Alert {alert_id} acknowledged.")
     except (AlertResolved, AlertAlreadyAcknowledged) as error:
         messages.warning(request, f"Alert {alert_id} not acknowledged: {error}")
@@ -297,7 +302,7 @@ def _chart_range(request: HttpRequest, **kwargs) -> TimeRange | HttpResponse:
 @login_required
 @require_GET
 def run_chart(request: HttpRequest, cluster: str, run: str, chart: str, fmt: str) -> HttpResponse:
-    found = _cluster_or_404(cluster)
+    found = _cluster_or_404(request, cluster)
     run_found = selectors.run_of(cluster=found, name=run)
     if run_found is None or chart not in charts.RUN_CHARTS:
         raise Http404("no such run or chart")
@@ -313,7 +318,7 @@ def run_chart(request: HttpRequest, cluster: str, run: str, chart: str, fmt: str
 @login_required
 @require_GET
 def node_chart(request: HttpRequest, cluster: str, node: str, chart: str, fmt: str) -> HttpResponse:
-    found = _cluster_or_404(cluster)
+    found = _cluster_or_404(request, cluster)
     node_found = selectors.node_of(cluster=found, name=node)
     if node_found is None or chart not in charts.NODE_CHARTS:
         raise Http404("no such node or chart")

@@ -1,11 +1,11 @@
 from django.http import HttpRequest
 from ninja import Router, Status
 
-from apps.ingest.auth import agent_auth
+from apps.core.auth import agent_auth
+from apps.core.errors import Errors, error_response
 from apps.ingest.ratelimit import ingest_rate_take
-from apps.ingest.schemas import Errors, IngestAccepted, IngestBatch, IngestDuplicate
+from apps.ingest.schemas import IngestAccepted, IngestBatch, IngestDuplicate
 from apps.ingest.services import batch_accept
-from opsboard.errors import error_response
 
 router = Router(tags=["ingest"])
 

@@ -9,7 +9,7 @@ import zlib
 
 from django.conf import settings
 
-from opsboard.errors import error_response
+from apps.core.errors import error_response
 
 INGEST_PATH = "/api/v1/ingest"
 

@@ -3,7 +3,7 @@
 Validation here is complete: a batch that passes is stored by the worker without further
 checks, so every rule of the contract that can make a batch invalid lives in this module.
 The bounds it applies (what each column, rollup and page can take) live in
-apps.ingest.bounds.
+apps.core.bounds.
 
 The models are strict: the worker stores the raw body, not these models, so a value that
 pydantic would coerce ("1" or 1.0 for an integer, true for a number) is refused rather than
@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from apps.ingest.bounds import (
+from apps.core.bounds import (
     EXTRA_KEY_PATTERN,
     NODE_INFO_MAX_EXTRAS,
     BatchId,
@@ -55,7 +55,7 @@ from apps.ingest.bounds import (
     Tokens,
     bound_message,
 )
-from opsboard.errors import validation_errors
+from apps.core.errors import validation_errors
 
 FUTURE_LIMIT_S = 5 * 60
 PAST_LIMIT_S = 7 * 24 * 3600
@@ -269,12 +269,3 @@ class IngestAccepted(BaseModel):
 class IngestDuplicate(BaseModel):
     batch_id: str
     duplicate: Literal[True]
-
-
-class ErrorItem(BaseModel):
-    loc: str
-    msg: str
-
-
-class Errors(BaseModel):
-    errors: list[ErrorItem]

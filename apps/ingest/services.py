@@ -13,19 +13,24 @@ from typing import Any
 import orjson
 import psycopg
 from django import db
+from django.conf import settings
 from django.db import connection, transaction
 
 from apps.clusters.models import AgentToken, Node
 from apps.clusters.services import nodes_touch
+from apps.core.db import server_cursor
+from apps.core.tasks import queue_length, task_enqueue
+from apps.history.services import runs_mark_dirty, series_mark_dirty
 from apps.ingest.models import decode_payload
 from apps.live.services import live_mark_dirty
 from apps.runs.services import RunSeen, events_store, runs_touch, steps_store
 from apps.telemetry.services import health_update, samples_group, samples_store
-from opsboard.db import server_cursor
 
 logger = logging.getLogger(__name__)
 
 BROKER_BACKOFF_S = 5.0
+# The task that drains an inbox row (apps/ingest/tasks.py registers it under this name)
+BATCH_PROCESS_TASK = "ingest.batch_process"
 NODE_NAME_MAX = Node._meta.get_field("name").max_length
 
 
@@ -71,12 +76,10 @@ _breaker = _BrokerBreaker()
 
 
 def batch_enqueue(*, inbox_id: int) -> bool:
-    from apps.ingest.tasks import batch_process
-
     if not _breaker.allows():
         return False
     try:
-        batch_process.apply_async((inbox_id,), retry=False)
+        task_enqueue(BATCH_PROCESS_TASK, inbox_id, retry=False)
     except Exception:  # any broker failure: the row is durable, the sweep will enqueue it
         logger.warning("broker unavailable; inbox row %s left for the sweep", inbox_id)
         _breaker.trip()
@@ -255,9 +258,12 @@ def batches_store(*, batches: list[ClaimedBatch]) -> DrainResult:
         )
     result = DrainResult(nodes={(key[0], node_id) for key, node_id in node_ids.items()})
     series = samples_group(samples_by_node=samples_by_node)
-    result.samples = samples_store(series=series)
+    samples = samples_store(series=series)
+    series_mark_dirty(ranges=samples.ranges)
     health_update(series=series)
-    result.steps = steps_store(steps=steps)
+    stored_steps = steps_store(steps=steps)
+    runs_mark_dirty(ranges=stored_steps.ranges)
+    result.samples, result.steps = samples.count, stored_steps.count
     result.events = events_store(events=events)
     return result
 
@@ -287,10 +293,13 @@ def _claim(*, first_id: int | None, limit: int) -> list[tuple]:
     return rows
 
 
-def inbox_sweep(*, older_than_s: float, limit: int = 10_000) -> int:
-    """Re-enqueue inbox rows left unprocessed (lost task, broker down); returns how many."""
-    from apps.ingest.tasks import batch_process
+def inbox_sweep(*, older_than_s: float, limit: int = 10_000, queue: str | None = None) -> int:
+    """Enqueue tasks for inbox rows left unprocessed (lost task, broker down); returns how
+    many tasks it sent.
 
+    Every task drains up to INGEST_DRAIN_ROWS of the oldest rows, so the rows need one task
+    per that many, less the tasks already waiting in the queue: a backlog is not doubled at
+    every sweep (the sweep runs on its own worker, on time however long the queue is)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id FROM ingest_inboxbatch WHERE processed_at IS NULL"
@@ -298,6 +307,16 @@ def inbox_sweep(*, older_than_s: float, limit: int = 10_000) -> int:
             [older_than_s, limit],
         )
         ids = [row[0] for row in cursor.fetchall()]
-    for inbox_id in ids:
-        batch_process.apply_async((inbox_id,))
-    return len(ids)
+    if not ids:
+        return 0
+    per_task = max(1, settings.INGEST_DRAIN_ROWS)
+    queue = queue or settings.CELERY_TASK_DEFAULT_QUEUE
+    try:
+        waiting = queue_length(queue)
+    except Exception:  # the broker is down: sending will fail too, and the next sweep retries
+        logger.warning("inbox sweep: broker unavailable, %d rows wait", len(ids))
+        return 0
+    firsts = ids[::per_task][: max(0, -(-len(ids) // per_task) - waiting)]
+    for inbox_id in firsts:
+        task_enqueue(BATCH_PROCESS_TASK, inbox_id, queue=queue)
+    return len(firsts)

@@ -5,7 +5,7 @@ from apps.ingest import services
 
 
 @shared_task(
-    name="ingest.batch_process",
+    name=services.BATCH_PROCESS_TASK,
     acks_late=True,
     reject_on_worker_lost=True,
     # transient only (Django's and psycopg's own, raised by the COPY path): a permanent

@@ -21,9 +21,11 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
+from apps.access.selectors import clusters_visible
+from apps.clusters.models import Cluster
+from apps.core.redis import redis_client
 from apps.live.groups import cluster_group, cluster_seq_key
-from apps.live.selectors import cluster_get, node_health_list, session_user_id
-from apps.live.services import redis_client
+from apps.live.selectors import node_health_list, session_user_id
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
@@ -43,8 +45,9 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
         self.user_id = user.pk
         self.session_key = getattr(self.scope.get("session"), "session_key", None)
         self.checked_at = time.monotonic()
-        cluster = await database_sync_to_async(cluster_get)(
-            name=self.scope["url_route"]["kwargs"]["cluster_name"]
+        # a cluster the user holds no role in is "not found", as on the pages
+        cluster = await database_sync_to_async(_visible_cluster)(
+            user, self.scope["url_route"]["kwargs"]["cluster_name"]
         )
         if cluster is None:
             await self.close(code=CLOSE_NOT_FOUND)
@@ -111,6 +114,10 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
                 except DatabaseError as error:
                     # no answer is not a logout: keep the socket, ask again next time
                     logger.warning("live socket: session check failed: %s", error)
+
+
+def _visible_cluster(user, name: str) -> Cluster | None:
+    return clusters_visible(user=user).filter(name=name).first()
 
 
 def _snapshot(cluster_id: int) -> tuple[int, list]:

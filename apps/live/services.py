@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from functools import cache
 
 import redis
 import redis.asyncio
@@ -21,15 +20,11 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError
 
+from apps.core.redis import redis_client
 from apps.live.groups import cluster_group, cluster_seq_key, dirty_nodes_key
 from apps.live.selectors import node_health_list
 
 logger = logging.getLogger(__name__)
-
-
-@cache
-def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=1)
 
 
 def live_mark_dirty(*, nodes: set[tuple[int, int]]) -> None:

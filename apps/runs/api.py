@@ -1,11 +1,10 @@
 from django.http import HttpRequest
 from ninja import Router, Schema
 
-from apps.ingest.auth import reader_auth
-from apps.ingest.schemas import Errors
+from apps.access.auth import reader_auth
+from apps.access.selectors import request_cluster_filter
+from apps.core.errors import Errors, FieldError
 from apps.runs.selectors import run_get, run_summary
-from apps.telemetry.api import request_cluster_filter
-from opsboard.errors import FieldError
 
 router = Router(tags=["reading back"])
 

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 
-from apps.alerts.selectors import run_goodput
+from apps.core.times import to_datetime, to_seconds
+from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
+from detectors.goodput import Completion, completions_marked, goodput_of, restarts_of
+from detectors.types import EventRow
 
 THROUGHPUT_WINDOW_S = 60
 NODES_STEPS = 10
@@ -82,3 +87,93 @@ def _nodes(run: Run) -> list[str]:
             [run.id, run.last_step - NODES_STEPS],
         )
         return [row[0] for row in cursor.fetchall()]
+
+
+# Goodput has one selector, here: the run summary (above) and the detectors' window of the
+# run (apps.alerts.selectors.window) read the same events the same way.
+def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
+    """The run's goodput (detectors.goodput) as plain JSON, over the detectors' window of it
+    (its last ALERT_STEP_WINDOW steps and recent events): since the run started when the
+    window reaches back that far, else since the window's first step (or its event horizon,
+    whichever is later). None before any step. Two queries: the per-step medians over the
+    ranks are computed by Postgres (a 256-rank window is 30 k reports)."""
+    if run.last_step is None:
+        return None
+    recent = run_events_recent([run], now, until=None).get(run.id, [])
+    events = [event_row(event, {}) for event in recent]
+    restarts = restarts_of(events)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _COMPLETIONS_SQL,
+            {
+                "run": run.id,
+                "after": run.last_step - settings.ALERT_STEP_WINDOW,
+                # width_bucket counts the restarts at or before a report: its epoch
+                "restarts": [*restarts, math.inf],
+            },
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    done = completions_marked(Completion(*row[:4]) for row in rows)
+    end = now if run.state == RunState.RUNNING else (to_seconds(run.last_step_at) or now)
+    event_start = now - settings.ALERT_EVENT_WINDOW_S
+    whole = (run.first_step or 0) > run.last_step - settings.ALERT_STEP_WINDOW and (
+        run.created_at.timestamp() >= event_start
+    )
+    first = min(row[4] for row in rows)
+    since = None if whole else max(first, event_start)
+    return goodput_of(
+        done, events, end, since=since, started_at=to_seconds(run.created_at)
+    ).to_dict()
+
+
+# One row per completion of a step number (epoch, step): detectors.goodput.completions'
+# medians, and the earliest start of a rank's step.
+_COMPLETIONS_SQL = """
+SELECT step, percentile_cont(0.5) WITHIN GROUP (ORDER BY e),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY step_time),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY data), min(e - step_time)
+FROM (
+    SELECT step, extract(epoch FROM ts)::float8 AS e, step_time,
+           coalesce(data_time, 0) + coalesce(h2d_time, 0) AS data
+    FROM runs_stepreport WHERE run_id = %(run)s AND step > %(after)s
+) s
+GROUP BY width_bucket(e, %(restarts)s::float8[]), step
+"""
+
+
+def run_events_recent(
+    runs: list[Run], now: float, until: float | None
+) -> dict[int, list[RunEvent]]:
+    """Recent events of the runs (at or before `until`, if given), and each run's newest
+    checkpoint event of every tier and state however old (staleness needs the last durable
+    completed one)."""
+    run_ids = [run.id for run in runs]
+    start = to_datetime(now - settings.ALERT_EVENT_WINDOW_S)
+    recent = RunEvent.objects.filter(run_id__in=run_ids, ts__gte=start).select_related("run")
+    if until is not None:
+        recent = recent.filter(ts__lte=to_datetime(until))
+    latest = (
+        RunEvent.objects.filter(run_id__in=run_ids, kind="checkpoint", ts__lt=start)
+        .select_related("run")
+        .order_by("run_id", "data__tier", "data__state", "-ts")
+        .distinct("run_id", "data__tier", "data__state")
+    )
+    by_run: dict[int, list[RunEvent]] = {}
+    for event in sorted([*recent, *latest], key=lambda event: (event.ts, event.id)):
+        by_run.setdefault(event.run_id, []).append(event)
+    return by_run
+
+
+def event_row(event: RunEvent, names: dict[int, str]) -> EventRow:
+    return EventRow(
+        ts=event.ts.timestamp(),
+        kind=event.kind,
+        node=names.get(event.node_id, str(event.node_id)),
+        run=event.run.name if event.run_id else None,
+        step=event.step,
+        rank=event.rank,
+        gpu=event.gpu,
+        data=event.data,
+    )

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connection
 from psycopg.types.json import Jsonb
 
-from apps.history.services import runs_mark_dirty
-from apps.telemetry.services import to_datetime
+from apps.core.times import to_datetime
 
 
 @dataclass
@@ -112,11 +111,20 @@ STEP_TYPES = [
 ]
 
 
-def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> int:
-    """COPY step reports given as (run id, node id, step record) and mark each run's range
-    dirty for the history rollups (in the caller's transaction); returns the count."""
+class StepsStored(NamedTuple):
+    """What `steps_store` wrote: the report count, and run id → (first ts, last ts), for the
+    caller to mark dirty for the history rollups."""
+
+    count: int
+    ranges: dict[int, tuple[datetime, datetime]]
+
+
+def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> StepsStored:
+    """COPY step reports given as (run id, node id, step record), in the caller's
+    transaction. Marking the ranges for the rollups is the caller's step (the ingest store
+    step), so runs never calls into history."""
     if not steps:
-        return 0
+        return StepsStored(0, {})
     dirty: dict[int, tuple[datetime, datetime]] = {}
     with (
         connection.connection.cursor() as cursor,
@@ -151,8 +159,7 @@ def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> int:
                     step.get("shard"),
                 )
             )
-    runs_mark_dirty(ranges=dirty)
-    return len(steps)
+    return StepsStored(len(steps), dirty)
 
 
 EVENT_COLUMNS = ("ts", "kind", "step", "rank", "gpu")

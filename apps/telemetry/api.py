@@ -4,10 +4,12 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
+from apps.access.auth import reader_auth
+from apps.access.selectors import request_cluster_filter
 from apps.clusters.models import Node
-from apps.ingest.auth import reader_auth
-from apps.ingest.bounds import GPU_MAX, METRIC_MAX_LENGTH, NAME_MAX_LENGTH
-from apps.ingest.schemas import Errors
+from apps.core.bounds import GPU_MAX, METRIC_MAX_LENGTH, NAME_MAX_LENGTH
+from apps.core.errors import Errors, FieldError
+from apps.core.params import CLUSTER_MAX_LENGTH, timestamp_field
 from apps.telemetry.selectors import (
     SOURCE_PATTERN,
     metric_id_get,
@@ -18,17 +20,12 @@ from apps.telemetry.selectors import (
     series_read,
     source_known,
 )
-from opsboard.errors import FieldError
 
 router = Router(tags=["reading back"])
 
 DEFAULT_RANGE_S = 3600
-# Read bounds: a timestamp Postgres's to_timestamp() and Python's datetime both take (1e10
-# is the year 2286), and a bucket no wider than a year. NaN and ±Infinity are refused:
-# they have no place in a range and would reach the database as timestamps.
-TS_MAX = 1e10
+# Read bounds: a bucket no wider than a year (timestamps: apps.core.params).
 STEP_MAX_S = 366 * 86_400
-CLUSTER_MAX_LENGTH = 64  # clusters_cluster.name
 
 
 def source_field() -> Any:
@@ -36,11 +33,6 @@ def source_field() -> Any:
         default=None, min_length=1, max_length=METRIC_MAX_LENGTH, pattern=SOURCE_PATTERN,
         description="scrape target name: its series are stored as `<source>:<metric>`",
     )  # fmt: skip
-
-
-def timestamp_field(description: str = "Unix seconds") -> Any:
-    """An optional query timestamp within [0, TS_MAX]."""
-    return Field(default=None, ge=0, le=TS_MAX, allow_inf_nan=False, description=description)
 
 
 class SeriesQuery(Schema):
@@ -66,14 +58,6 @@ class SeriesOut(Schema):
     gpu: int | None
     step: float
     points: list[list[float]]
-
-
-def request_cluster_filter(request: HttpRequest, cluster: str | None) -> dict:
-    """The cluster a reader may see: its token's, or (for a user) the named one, if any."""
-    token = getattr(request, "agent_token", None)
-    if token is not None:
-        return {"cluster_id": token.cluster_id}
-    return {"cluster__name": cluster} if cluster else {}
 
 
 def _node_id(request: HttpRequest, name: str, cluster: str | None) -> int:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 import orjson
 from django.conf import settings
 from django.db import connection, transaction
 
-from apps.history.services import series_mark_dirty
+from apps.core.times import to_datetime
 from apps.telemetry.models import HOST_GPU
 
 CHUNK_COLUMNS = "(node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, offsets_ms, vals)"
@@ -38,10 +38,6 @@ CHUNK_TYPES = [
     "int4[]",
     "float8[]",
 ]
-
-
-def to_datetime(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=UTC)
 
 
 def metric_ids(*, names: Iterable[str]) -> dict[str, int]:
@@ -87,11 +83,20 @@ def samples_group(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> Series
     return series
 
 
-def samples_store(*, series: Series) -> int:
-    """COPY one chunk row per series and mark its range dirty for the history rollups (in
-    the caller's transaction); returns the sample count."""
+class SamplesStored(NamedTuple):
+    """What `samples_store` wrote: the sample count, and each series' (node id, metric id,
+    gpu, first ts, last ts), for the caller to mark dirty for the history rollups."""
+
+    count: int
+    ranges: list[tuple[int, int, int, datetime, datetime]]
+
+
+def samples_store(*, series: Series) -> SamplesStored:
+    """COPY one chunk row per series (in the caller's transaction). Marking the ranges for
+    the rollups is the caller's step (the ingest store step), so telemetry never calls into
+    history."""
     if not series:
-        return 0
+        return SamplesStored(0, [])
     ids = metric_ids(names={metric for _, metric, _ in series})
     count = 0
     dirty = []
@@ -121,8 +126,7 @@ def samples_store(*, series: Series) -> int:
             )
             count += len(points)
             dirty.append((node_id, ids[metric], gpu, to_datetime(t0), to_datetime(points[-1][0])))
-    series_mark_dirty(ranges=dirty)
-    return count
+    return SamplesStored(count, dirty)
 
 
 def health_update(*, series: Series) -> None:

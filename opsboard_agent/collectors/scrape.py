@@ -48,7 +48,7 @@ ACCEPT = "text/plain;version=0.0.4,application/openmetrics-text;version=1.0.0;q=
 _COUNTER_TYPE = re.compile(r"^[ \t]*#[ \t]+TYPE[ \t]+(\S+)[ \t]+counter[ \t]*$", re.MULTILINE)
 
 
-# The server's bound on a value (apps/ingest/bounds.py): one beyond it would cost the batch.
+# The server's bound on a value (apps/core/bounds.py): one beyond it would cost the batch.
 VALUE_MAX = 1e150
 
 

@@ -12,8 +12,8 @@ from collections import defaultdict
 
 import pytest
 
+from launcher.procs import wait_until
 from tests.agent.conftest import REPO
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 

@@ -14,11 +14,11 @@ import time
 import httpx
 import pytest
 
+from launcher.procs import wait_until
 from opsboard_agent.sender import Sender
 from opsboard_agent.shipper import Shipper
 from opsboard_agent.spool import Spool
 from tests.agent.conftest import REPO, closed_port_url
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 

@@ -25,9 +25,9 @@ import httpx
 import pytest
 from django.db import connection
 
+from launcher.procs import free_port, http_ok, wait_until
 from opsboard_agent.records import sanitize_metric
 from tests.agent.conftest import REPO
-from tests.stackproc import free_port, http_ok, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 

@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from apps.runs.models import Run
+from launcher.procs import ROOT, wait_until
 from opsboard_agent.reporter import Reporter
-from tests.stackproc import ROOT, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from launcher.procs import wait_until
 from tests.agent.conftest import FIXTURES, REPO, serve_file
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 
+from apps.access.models import ClusterRole
 from apps.clusters.models import Cluster, Node
 from apps.runs.models import Run
 from detectors.types import Finding
@@ -50,7 +50,9 @@ def cluster(db):
 
 
 def make_operator(username: str, *, may_acknowledge: bool = True):
+    """An operator (or with may_acknowledge=False a viewer) of every existing cluster."""
     user = get_user_model().objects.create_user(username, password="pw-12345-long")
-    if may_acknowledge:
-        user.user_permissions.add(Permission.objects.get(codename="acknowledge_alert"))
+    for cluster in Cluster.objects.all():
+        role = "operator" if may_acknowledge else "viewer"
+        ClusterRole.objects.create(user=user, cluster=cluster, role=role)
     return user

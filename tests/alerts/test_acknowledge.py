@@ -8,13 +8,14 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connection
 from django.test import override_settings
 
-from apps.alerts.models import Alert, AuditEntry
+from apps.alerts.models import Alert
 from apps.alerts.services import (
     AlertAlreadyAcknowledged,
     AlertResolved,
     alert_acknowledge,
     alerts_sync,
 )
+from apps.audit.models import AuditEntry
 from apps.clusters.models import Cluster, Node
 from apps.runs.models import Run
 from tests.alerts.conftest import finding, make_operator
@@ -33,16 +34,20 @@ def test_acknowledging_records_who_when_and_why(alert):
     acknowledged = alert_acknowledge(alert=alert, user=alice, note="looking at node-02")
     assert acknowledged.state == "acknowledged"
     assert acknowledged.acknowledged_by == alice and acknowledged.ack_note == "looking at node-02"
-    [entry] = AuditEntry.objects.filter(alert=alert)
-    assert (entry.action, entry.actor, entry.note) == ("acknowledged", alice, "looking at node-02")
-    assert entry.at == acknowledged.acknowledged_at
+    [entry] = AuditEntry.objects.filter(target=f"alert:{alert.pk}")
+    assert (entry.action, entry.actor_user_id, entry.reason) == (
+        "alert.acknowledge",
+        alice.pk,
+        "looking at node-02",
+    )
+    assert entry.outcome == "succeeded" and entry.cluster_id == alert.cluster_id
 
 
 def test_a_second_acknowledgement_names_the_first(alert):
     alert_acknowledge(alert=alert, user=make_operator("alice"), note="")
     with pytest.raises(AlertAlreadyAcknowledged, match="already acknowledged by alice"):
         alert_acknowledge(alert=alert, user=make_operator("bob"), note="")
-    assert AuditEntry.objects.filter(alert=alert).count() == 1
+    assert AuditEntry.objects.filter(target=f"alert:{alert.pk}").count() == 1
 
 
 @override_settings(ALERT_HOLD_DOWN_S=0)
@@ -91,8 +96,8 @@ def test_two_operators_acknowledging_at_once_exactly_one_wins():
     assert len(winners) == 1 and len(outcomes) == 2
     [loser] = set(outcomes) - set(winners)
     assert outcomes[loser].startswith(f"already acknowledged by {winners[0]}")
-    [entry] = AuditEntry.objects.filter(alert=alert)
-    assert entry.actor.username == winners[0] and entry.note == f"mine ({winners[0]})"
+    [entry] = AuditEntry.objects.filter(target=f"alert:{alert.pk}")
+    assert entry.actor_name == winners[0] and entry.reason == f"mine ({winners[0]})"
     assert Alert.objects.get(pk=alert.pk).acknowledged_by.username == winners[0]
 
 

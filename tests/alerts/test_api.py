@@ -3,8 +3,9 @@
 import pytest
 from django.test import Client, override_settings
 
-from apps.alerts.models import Alert, AuditEntry
+from apps.alerts.models import Alert
 from apps.alerts.services import alerts_sync
+from apps.audit.models import AuditEntry
 from apps.clusters.models import Cluster, Node
 from apps.clusters.services import token_issue
 from tests.alerts.conftest import finding, make_operator, xid_finding
@@ -145,8 +146,8 @@ def test_an_operator_acknowledges_with_a_note(alerts):
     body = response.json()
     assert set(body) == CONTRACT_KEYS
     assert body["state"] == "acknowledged" and body["acknowledged_at"] is not None
-    [entry] = AuditEntry.objects.filter(alert=alerts["xid"])
-    assert (entry.actor.username, entry.note) == ("alice", "draining")
+    [entry] = AuditEntry.objects.filter(target=f"alert:{alerts['xid'].pk}")
+    assert (entry.actor_name, entry.reason) == ("alice", "draining")
 
 
 def test_acknowledging_twice_is_a_conflict(alerts):

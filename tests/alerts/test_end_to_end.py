@@ -8,11 +8,11 @@ import time
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 
-from apps.alerts.models import AuditEntry, ClusterDetectorConfig
+from apps.alerts.models import ClusterDetectorConfig
+from apps.audit.models import AuditEntry
+from launcher.procs import wait_until
 from tests.conftest import make_batch
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -24,9 +24,9 @@ def alerts_of(agent, **params) -> list[dict]:
 
 
 def logged_in(base_url: str) -> httpx.Client:
-    """An operator with the acknowledge permission, logged in through the login page."""
-    user = get_user_model().objects.create_user("oncall", password="pw-12345-long")
-    user.user_permissions.add(Permission.objects.get(codename="acknowledge_alert"))
+    """An operator of every cluster (a superuser: the cluster appears with the agent's first
+    batch), logged in through the login page."""
+    get_user_model().objects.create_superuser("oncall", password="pw-12345-long")
     client = httpx.Client(base_url=base_url, timeout=30)
     client.get("/accounts/login/")
     response = client.post(
@@ -61,7 +61,7 @@ def test_an_xid_event_fires_an_alert_that_an_operator_acknowledges(agent, live_s
     assert response.json()["state"] == "acknowledged"
     [listed] = alerts_of(agent, node="node-03")
     assert listed["state"] == "acknowledged" and listed["acknowledged_at"] is not None
-    assert AuditEntry.objects.get(alert_id=alert["id"]).note == "draining node-03"
+    assert AuditEntry.objects.get(target=f"alert:{alert['id']}").reason == "draining node-03"
     operator.close()
 
 

@@ -13,11 +13,12 @@ from django.conf import settings
 
 from apps.alerts.models import DetectorPass
 from apps.alerts.selectors import periodic_skips
+from apps.core.redis import redis_client
 from apps.ingest.models import InboxBatch
-from apps.live.services import redis_client
-from opsboard.stack import server_commands
+from launcher.procs import wait_until
+from launcher.stack import server_commands
 from tests.conftest import make_batch
-from tests.stackproc import LOG_DIR, wait_until
+from tests.stackproc import LOG_DIR
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 

@@ -15,8 +15,8 @@ from apps.alerts.models import WebhookEndpoint
 from apps.alerts.services import alerts_sync, slack_escape
 from apps.clusters.models import Cluster, Node
 from apps.runs.models import Run
+from launcher.procs import wait_until
 from tests.alerts.conftest import finding
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 

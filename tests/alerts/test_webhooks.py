@@ -15,8 +15,8 @@ import pytest
 from apps.alerts.models import Alert, WebhookDelivery, WebhookEndpoint
 from apps.alerts.services import WEBHOOK_SWEEP_AGE_S, alerts_sync, webhooks_sweep
 from apps.clusters.models import Cluster, Node
+from launcher.procs import wait_until
 from tests.alerts.conftest import finding, xid_finding
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 

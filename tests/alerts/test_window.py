@@ -9,12 +9,12 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from apps.alerts.models import Alert, ClusterDetectorConfig
-from apps.alerts.selectors import cluster_window, detector_config, run_goodput
+from apps.alerts.selectors import cluster_window, detector_config
 from apps.alerts.services import alerts_evaluate
 from apps.clusters.models import Cluster
 from apps.ingest.services import ClaimedBatch, batches_store
 from apps.runs.models import Run
-from apps.runs.selectors import run_summary
+from apps.runs.selectors import run_goodput, run_summary
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from django.db import connection
 from apps.clusters.models import AgentToken, Cluster
 from apps.clusters.selectors import token_authenticate
 from apps.clusters.services import token_issue, token_revoke
-from tests.stackproc import ROOT
+from launcher.procs import ROOT
 
 pytestmark = pytest.mark.django_db
 

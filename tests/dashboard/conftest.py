@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.test import Client
 
+from apps.access.models import ClusterRole
 from apps.clusters.models import Cluster
 from apps.ingest.services import ClaimedBatch, batches_store
 
@@ -81,9 +81,13 @@ def cluster_store(
 
 
 def operator(username: str = "op", *, may_acknowledge: bool = True):
-    user = get_user_model().objects.create_user(username, password=PASSWORD)
+    """An operator of every cluster (a superuser: clusters are often created after it), or
+    with may_acknowledge=False a viewer of the clusters that exist."""
     if may_acknowledge:
-        user.user_permissions.add(Permission.objects.get(codename="acknowledge_alert"))
+        return get_user_model().objects.create_superuser(username, password=PASSWORD)
+    user = get_user_model().objects.create_user(username, password=PASSWORD)
+    for cluster in Cluster.objects.all():
+        ClusterRole.objects.create(user=user, cluster=cluster, role="viewer")
     return user
 
 

@@ -7,8 +7,9 @@ import time
 import pytest
 from django.test import Client
 
-from apps.alerts.models import Alert, AuditEntry
+from apps.alerts.models import Alert
 from apps.alerts.services import alerts_sync
+from apps.audit.models import AuditEntry
 from detectors.types import Finding
 from tests.dashboard.conftest import RUN, operator
 
@@ -73,7 +74,7 @@ def test_acknowledging_records_the_note_and_the_operator(alerts):
     alert.refresh_from_db()
     assert alert.state == "acknowledged" and alert.acknowledged_by == user
     assert alert.ack_note == "draining node-00"
-    assert AuditEntry.objects.get(alert=alert).note == "draining node-00"
+    assert AuditEntry.objects.get(target=f"alert:{alert.pk}").reason == "draining node-00"
     html = client.get("/alerts/?kind=xid").content.decode()
     assert "acknowledged." in html and "acknowledged by ack" in html
     again = client.post(f"/alerts/{alert.id}/ack", {"csrfmiddlewaretoken": token}, follow=True)

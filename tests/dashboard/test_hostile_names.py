@@ -13,7 +13,7 @@ from urllib.parse import quote
 import pytest
 
 from apps.clusters.models import Cluster, Node
-from apps.ingest.bounds import MAX_GPUS
+from apps.core.bounds import MAX_GPUS
 from apps.runs.models import Run
 from apps.telemetry.models import NodeHealth
 from tests.dashboard.conftest import BrowserPage, chromium, operator  # noqa: F401

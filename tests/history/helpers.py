@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 
 from django.db import connection
 
 from apps.clusters.models import Cluster, Node
-from apps.history.services import RefreshResult, rollups_refresh
+from apps.history.services import (
+    RefreshResult,
+    rollups_refresh,
+    runs_mark_dirty,
+    series_mark_dirty,
+)
 from apps.runs.models import Run
 from apps.runs.services import steps_store
 from apps.telemetry.services import health_update, samples_group, samples_store
@@ -41,7 +44,8 @@ def samples_put(
             for gpu in gpus
         ]
         series = samples_group(samples_by_node={node.id: samples})
-        samples_store(series=series)
+        # as the ingest store step does: store, then mark the ranges for the rollups
+        series_mark_dirty(ranges=samples_store(series=series).ranges)
         health_update(series=series)  # as ingest does: "all" GPUs are the reported ones
 
 
@@ -77,7 +81,7 @@ def steps_put(
                     },
                 )
             )
-    steps_store(steps=rows)
+    runs_mark_dirty(ranges=steps_store(steps=rows).ranges)
 
 
 def refresh() -> RefreshResult:
@@ -103,22 +107,3 @@ def expected_minutes(start: float, seconds: int, gpu: int) -> dict[float, tuple]
         ts = start + t
         buckets.setdefault(ts // 60 * 60, []).append(value_at(ts, gpu))
     return {b: (len(v), sum(v), min(v), max(v)) for b, v in buckets.items()}
-
-
-@contextlib.contextmanager
-def prepared_generic_plans() -> Iterator[None]:
-    """Django's connection, but with server-side binding, every statement prepared at once
-    and generic plans forced: the worst case should psycopg's prepare_threshold be set."""
-    import psycopg
-
-    connection.ensure_connection()
-    raw = connection.connection
-    factory, threshold = raw.cursor_factory, raw.prepare_threshold
-    raw.cursor_factory, raw.prepare_threshold = psycopg.Cursor, 0
-    raw.execute("SET plan_cache_mode = force_generic_plan")
-    try:
-        yield
-    finally:
-        raw.execute("RESET plan_cache_mode")
-        raw.execute("DEALLOCATE ALL")  # psycopg forgets its prepared statements too
-        raw.cursor_factory, raw.prepare_threshold = factory, threshold

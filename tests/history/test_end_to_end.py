@@ -11,8 +11,8 @@ from apps.clusters.models import Node
 from apps.history.selectors import metric_history, run_rank_history, run_step_history
 from apps.ingest.models import InboxBatch
 from apps.runs.models import Run
+from launcher.procs import wait_until
 from tests.history.helpers import refresh, rows
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from apps.history.services import rollups_refresh
+from apps.history.services import rollups_refresh, runs_mark_dirty, series_mark_dirty
 from apps.runs.models import Run
 from apps.runs.services import steps_store
 from apps.telemetry.services import samples_group, samples_store
@@ -23,13 +23,15 @@ def minute_start(minutes_ago: int) -> float:
 def overflowing_samples(node, start: float) -> None:
     """Two huge samples in one minute, as an agent could send them before the bounds."""
     points = [{"ts": start + t, "metric": "gpu.util", "gpu": 0, "value": HUGE} for t in (1, 2)]
-    samples_store(series=samples_group(samples_by_node={node.id: points}))
+    stored = samples_store(series=samples_group(samples_by_node={node.id: points}))
+    series_mark_dirty(ranges=stored.ranges)
 
 
 def overflowing_steps(run, node, start: float) -> None:
     """Two reports whose tokens sum past bigint in one bucket."""
     report = {"rank": 0, "step": 1, "step_time": 1.0, "tokens": 2**62 + 1}
-    steps_store(steps=[(run.id, node.id, {**report, "ts": start + t}) for t in (1, 2)])
+    stored = steps_store(steps=[(run.id, node.id, {**report, "ts": start + t}) for t in (1, 2)])
+    runs_mark_dirty(ranges=stored.ranges)
 
 
 def watermark() -> float | None:

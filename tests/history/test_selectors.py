@@ -15,10 +15,10 @@ from apps.history.selectors import (
 from apps.history.selectors.metrics import metric_history_at
 from apps.history.selectors.resolution import RUN_STEP_TIERS, STEP_TIERS
 from apps.runs.models import Run
+from launcher.plans import prepared_generic_plans
 from tests.history.helpers import (
     cluster_nodes,
     expected_minutes,
-    prepared_generic_plans,
     refresh,
     rows,
     samples_put,

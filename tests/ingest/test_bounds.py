@@ -12,11 +12,11 @@ import pytest
 from django.db import connection
 
 from apps.clusters.models import Node
-from apps.ingest import bounds
+from apps.core import bounds
 from apps.ingest.models import InboxBatch
 from apps.runs.models import Run, RunEvent, StepReport
+from launcher.procs import wait_until
 from tests.conftest import make_batch
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apps.clusters.services import token_issue
-from apps.ingest import bounds
-from opsboard.errors import loc_string
+from apps.core import bounds
+from apps.core.errors import loc_string
 from tests.conftest import AgentClient
 from tests.ingest.test_bounds import assert_stored
 

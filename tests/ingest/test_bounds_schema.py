@@ -1,5 +1,5 @@
 """The bounds as published and worded (in-process; nothing enqueued): the OpenAPI schema
-shows each bound of apps.ingest.bounds, and a broken bound is answered in plain words."""
+shows each bound of apps.core.bounds, and a broken bound is answered in plain words."""
 
 import json
 import time
@@ -7,7 +7,7 @@ import time
 import pytest
 
 from apps.clusters.services import token_issue
-from apps.ingest import bounds
+from apps.core import bounds
 from apps.ingest.models import InboxBatch
 from tests.conftest import make_batch
 

@@ -13,9 +13,9 @@ from apps.ingest.models import InboxBatch
 from apps.runs.models import RunEvent, StepReport
 from apps.telemetry.models import NodeHealth
 from apps.telemetry.selectors import chunk_storage
+from launcher.procs import wait_until
 from opsboard.asgi import application
 from tests.conftest import make_batch
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -142,7 +142,8 @@ def test_a_token_of_another_cluster_cannot_write_a_node_of_this_one(agent, agent
 
 
 def test_a_posted_batch_reaches_a_websocket_client_as_a_numbered_delta(agent, agent_token):
-    user = get_user_model().objects.create_user("op", password="pw-12345-long")
+    # a superuser sees the cluster the agent's token created (apps.access scoping)
+    user = get_user_model().objects.create_superuser("op", password="pw-12345-long")
     client = Client()
     client.force_login(user)
     cookie = f"sessionid={client.cookies['sessionid'].value}".encode()

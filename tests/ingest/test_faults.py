@@ -14,9 +14,10 @@ from apps.clusters.services import token_issue
 from apps.ingest.models import InboxBatch
 from apps.runs.models import StepReport
 from apps.telemetry.selectors import chunk_storage
+from launcher.procs import ROOT, free_port, http_ok, wait_until
 from opsboard.embedded import redis_server_binary
 from tests.conftest import AgentClient, make_batch, stack_env
-from tests.stackproc import ROOT, Stack, free_port, http_ok, wait_until
+from tests.stackproc import Stack
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 

@@ -22,8 +22,8 @@ from apps.clusters.models import Node
 from apps.clusters.services import token_issue
 from apps.ingest.models import InboxBatch
 from apps.ingest.services import store_failure_is_permanent
+from launcher.procs import wait_until
 from tests.conftest import AgentClient, make_batch
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 

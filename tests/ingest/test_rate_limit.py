@@ -11,8 +11,8 @@ import pytest
 from django.test import override_settings
 
 from apps.clusters.services import token_issue
+from apps.core.redis import redis_client
 from apps.ingest.ratelimit import ingest_rate_key, ingest_rate_take
-from apps.live.services import redis_client
 from tests.conftest import AgentClient, make_batch, stack_env
 from tests.stackproc import Stack
 

@@ -4,10 +4,10 @@ import time
 
 import pytest
 
+from launcher.procs import wait_until
 from tests.browser import screenshot
 from tests.conftest import make_batch
 from tests.dashboard.conftest import BrowserPage, chromium, operator  # noqa: F401
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 GPUS = 4

@@ -16,6 +16,7 @@ from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from apps.access.models import ClusterRole
 from apps.clusters.models import Cluster
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -56,7 +57,8 @@ def end_by_password_change(browser: httpx.Client, user) -> None:
 def login(live_stack, live_db):
     """A session made by the stack's own login form (its SECRET_KEY signs the hash)."""
     user = get_user_model().objects.create_user("op", password=PASSWORD)
-    Cluster.objects.create(name="alpha")
+    alpha = Cluster.objects.create(name="alpha")
+    ClusterRole.objects.create(user=user, cluster=alpha, role="viewer")
     with httpx.Client(base_url=live_stack.url, timeout=30) as browser:
         form = browser.get("/accounts/login/")
         token = CSRF_FIELD.search(form.text).group(1)

@@ -27,7 +27,8 @@ def connect(path: str, headers: list[tuple[bytes, bytes]]):
 
 @pytest.fixture
 def session_cookie():
-    user = get_user_model().objects.create_user("op", password="pw-12345-long")
+    # a user who sees every cluster (apps.access scoping: tests/access/test_websocket_scoping.py)
+    user = get_user_model().objects.create_superuser("op", password="pw-12345-long")
     client = Client()
     client.force_login(user)
     return f"sessionid={client.cookies['sessionid'].value}".encode()

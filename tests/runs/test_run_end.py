@@ -11,8 +11,8 @@ import pytest
 
 from apps.alerts.models import ClusterDetectorConfig
 from apps.clusters.models import Node
+from launcher.procs import wait_until
 from tests.conftest import make_batch
-from tests.stackproc import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 

@@ -12,7 +12,7 @@ from django.db.models import Q, QuerySet
 
 from apps.alerts.choices import OPEN_STATES
 from apps.alerts.models import Alert, ClusterDetectorConfig, DetectorPass
-from apps.alerts.selectors.window import cluster_window, run_goodput, run_window, ts
+from apps.alerts.selectors.window import cluster_window, run_window, ts
 from apps.clusters.models import Cluster
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 
@@ -42,8 +42,12 @@ def alert_json(alert: Alert) -> dict[str, Any]:
     }
 
 
-def alert_get(*, alert_id: int) -> Alert | None:
-    return Alert.objects.select_related("run", "node", "cluster").filter(pk=alert_id).first()
+def alert_get(*, alert_id: int, visible: QuerySet | None = None) -> Alert | None:
+    """The alert, if it is of one of the `visible` clusters (None: of any cluster)."""
+    alerts = Alert.objects.select_related("run", "node", "cluster").filter(pk=alert_id)
+    if visible is not None:
+        alerts = alerts.filter(cluster__in=visible)
+    return alerts.first()
 
 
 def alert_list(
@@ -54,10 +58,14 @@ def alert_list(
     state: str | None = None,
     since: float | None = None,
     limit: int = ALERT_LIST_LIMIT,
+    visible: QuerySet | None = None,
 ) -> list[Alert]:
-    """Alerts newest first (of every cluster when `cluster` is None). `since` keeps the
-    alerts that changed state (opened, acknowledged, resolved) at or after it."""
+    """Alerts newest first (of every cluster when `cluster` is None; of the `visible`
+    clusters only, when given). `since` keeps the alerts that changed state (opened,
+    acknowledged, resolved) at or after it."""
     alerts: QuerySet[Alert] = Alert.objects.select_related("run", "node")
+    if visible is not None:
+        alerts = alerts.filter(cluster__in=visible)
     if cluster is not None:
         alerts = alerts.filter(cluster=cluster)
     if run is not None:
@@ -107,7 +115,7 @@ def periodic_skips() -> dict[str, int]:
     """Periodic passes that did not run, as "<task>:<reason>" → count (reason: `expired` in
     the queue, or `overlap` with a pass still running); see opsboard.celery."""
     from apps.alerts.services import PERIODIC_SKIPS_KEY
-    from apps.live.services import redis_client
+    from apps.core.redis import redis_client
 
     counts = redis_client().hgetall(PERIODIC_SKIPS_KEY.format(prefix=settings.REDIS_PREFIX))
     return {
@@ -137,7 +145,6 @@ __all__ = [
     "detector_config",
     "detector_pass_status",
     "periodic_skips",
-    "run_goodput",
     "run_window",
     "ts",
 ]

@@ -8,7 +8,6 @@ those timestamps, as if every record had arrived at the moment it carries.
 
 from __future__ import annotations
 
-import math
 from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any
@@ -26,9 +25,9 @@ from apps.alerts.selectors.replay import (
 from apps.clusters.models import Cluster, Node
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
+from apps.runs.selectors import event_row, run_events_recent
 from apps.telemetry.selectors import MAX_CHUNK_SPAN
-from detectors.goodput import Completion, completions_marked, goodput_of, restarts_of
-from detectors.types import ClusterWindow, EventRow, NodeSeen, RunWindow, Series, StepRow
+from detectors.types import ClusterWindow, NodeSeen, RunWindow, Series, StepRow
 
 # The metrics the detectors read (thermal, power, oom_risk, input_bound, ...).
 WINDOW_METRICS = (
@@ -92,7 +91,7 @@ def cluster_window(*, cluster: Cluster, now: float, as_of: bool = False) -> Clus
             for node_id, node in sorted(nodes.items(), key=lambda item: item[1].name)
         ),
         events=tuple(
-            _event_row(event, names)
+            event_row(event, names)
             for event in node_events.select_related("run").order_by("ts", "id")
         ),
     )
@@ -102,56 +101,6 @@ def run_window(*, run: Run, now: float) -> RunWindow:
     """One run's window (as in cluster_window), e.g. for its goodput."""
     names = dict(Node.objects.filter(cluster_id=run.cluster_id).values_list("id", "name"))
     return _run_windows(names=names, now=now, runs=[run])[0]
-
-
-def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
-    """The run's goodput (detectors.goodput) as plain JSON, over the detectors' window of it
-    (its last ALERT_STEP_WINDOW steps and recent events): since the run started when the
-    window reaches back that far, else since the window's first step (or its event horizon,
-    whichever is later). None before any step. Two queries: the per-step medians over the
-    ranks are computed by Postgres (a 256-rank window is 30 k reports)."""
-    if run.last_step is None:
-        return None
-    recent = _run_events([run], now, until=None).get(run.id, [])
-    events = [_event_row(event, {}) for event in recent]
-    restarts = restarts_of(events)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _COMPLETIONS_SQL,
-            {
-                "run": run.id,
-                "after": run.last_step - settings.ALERT_STEP_WINDOW,
-                # width_bucket counts the restarts at or before a report: its epoch
-                "restarts": [*restarts, math.inf],
-            },
-        )
-        rows = cursor.fetchall()
-    if not rows:
-        return None
-    done = completions_marked(Completion(*row[:4]) for row in rows)
-    end = now if run.state == RunState.RUNNING else (ts(run.last_step_at) or now)
-    event_start = now - settings.ALERT_EVENT_WINDOW_S
-    whole = (run.first_step or 0) > run.last_step - settings.ALERT_STEP_WINDOW and (
-        run.created_at.timestamp() >= event_start
-    )
-    first = min(row[4] for row in rows)
-    since = None if whole else max(first, event_start)
-    return goodput_of(done, events, end, since=since, started_at=ts(run.created_at)).to_dict()
-
-
-# One row per completion of a step number (epoch, step): detectors.goodput.completions'
-# medians, and the earliest start of a rank's step.
-_COMPLETIONS_SQL = """
-SELECT step, percentile_cont(0.5) WITHIN GROUP (ORDER BY e),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY step_time),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY data), min(e - step_time)
-FROM (
-    SELECT step, extract(epoch FROM ts)::float8 AS e, step_time,
-           coalesce(data_time, 0) + coalesce(h2d_time, 0) AS data
-    FROM runs_stepreport WHERE run_id = %(run)s AND step > %(after)s
-) s
-GROUP BY width_bucket(e, %(restarts)s::float8[]), step
-"""
 
 
 def _active_runs(cluster: Cluster, now: float) -> list[Run]:
@@ -176,7 +125,7 @@ def _run_windows(
         return []
     until = None if started is None else now
     steps = _steps(runs, names, until=until)
-    events = _run_events(runs, now, until=until)
+    events = run_events_recent(runs, now, until=until)
     windows = []
     for run in runs:
         rows = steps.get(run.id, [])
@@ -187,7 +136,7 @@ def _run_windows(
                 world_size=run.world_size,
                 started_at=ts(run.created_at) if started is None else started.get(run.id),
                 steps=tuple(rows),
-                events=tuple(_event_row(event, names) for event in events.get(run.id, ())),
+                events=tuple(event_row(event, names) for event in events.get(run.id, ())),
                 rank_nodes=rank_nodes,
             )
         )
@@ -232,40 +181,6 @@ def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[
                 StepRow(names.get(node_id, str(node_id)), *row[2:])
             )
     return by_run
-
-
-def _run_events(runs: list[Run], now: float, until: float | None) -> dict[int, list[RunEvent]]:
-    """Recent events of the runs (at or before `until`, if given), and each run's newest
-    checkpoint event of every tier and state however old (staleness needs the last durable
-    completed one)."""
-    run_ids = [run.id for run in runs]
-    start = _at(now - settings.ALERT_EVENT_WINDOW_S)
-    recent = RunEvent.objects.filter(run_id__in=run_ids, ts__gte=start).select_related("run")
-    if until is not None:
-        recent = recent.filter(ts__lte=_at(until))
-    latest = (
-        RunEvent.objects.filter(run_id__in=run_ids, kind="checkpoint", ts__lt=start)
-        .select_related("run")
-        .order_by("run_id", "data__tier", "data__state", "-ts")
-        .distinct("run_id", "data__tier", "data__state")
-    )
-    by_run: dict[int, list[RunEvent]] = {}
-    for event in sorted([*recent, *latest], key=lambda event: (event.ts, event.id)):
-        by_run.setdefault(event.run_id, []).append(event)
-    return by_run
-
-
-def _event_row(event: RunEvent, names: dict[int, str]) -> EventRow:
-    return EventRow(
-        ts=event.ts.timestamp(),
-        kind=event.kind,
-        node=names.get(event.node_id, str(event.node_id)),
-        run=event.run.name if event.run_id else None,
-        step=event.step,
-        rank=event.rank,
-        gpu=event.gpu,
-        data=event.data,
-    )
 
 
 _TELEMETRY_SQL = f"""

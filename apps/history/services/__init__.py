@@ -43,6 +43,7 @@ from django import db
 from django.conf import settings
 from django.db import connection, transaction
 
+from apps.core.db import server_cursor
 from apps.history.services.sql import (
     CLAIM_RUNS_SQL,
     CLAIM_SERIES_SQL,
@@ -53,7 +54,6 @@ from apps.history.services.sql import (
     STEP_MINUTES_GIVEN_SQL,
     STEP_MINUTES_SQL,
 )
-from opsboard.db import server_cursor
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from django.http import HttpRequest, HttpResponse
 
-from opsboard.errors import error_response
+from apps.core.errors import error_response
 
 NUL = "\x00"
 NUL_MESSAGE = "must not contain a NUL character"

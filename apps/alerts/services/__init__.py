@@ -10,34 +10,30 @@ from __future__ import annotations
 import logging
 import math
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
+from apps.access.choices import Action
+from apps.access.selectors import user_may
 from apps.alerts.choices import (
     OPEN_STATES,
     SEVERITY_RANK,
     WEBHOOK_EVENTS,
     AlertEvent,
     AlertState,
-    WebhookFormat,
 )
 from apps.alerts.models import (
     Alert,
-    AuditEntry,
     DetectorPass,
     WebhookDelivery,
     WebhookEndpoint,
@@ -48,12 +44,31 @@ from apps.alerts.selectors import (
     clusters_to_evaluate,
     detector_config,
 )
+from apps.alerts.services.webhooks import (  # re-exported: the services' one entry point
+    WEBHOOK_DELIVER_TASK,
+    WEBHOOK_SWEEP_AGE_S,
+    WebhookFailed,
+    slack_escape,
+    webhook_body,
+    webhook_deliver,
+    webhooks_sweep,
+)
+from apps.audit.choices import AuditAction, Outcome
+from apps.audit.services import audit_record
 from apps.clusters.models import Cluster, Node
+from apps.core.redis import redis_client
+from apps.core.tasks import task_enqueue
 from apps.live.groups import cluster_group
-from apps.live.services import redis_client
 from apps.runs.choices import ENDED_STATES
 from apps.runs.models import Run
 from detectors.types import Finding
+
+__all__ = [
+    "WEBHOOK_SWEEP_AGE_S",
+    "WebhookFailed",
+    "slack_escape",
+    "webhook_deliver",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +79,6 @@ SYNC_LOCK_NAMESPACE = 0x616C7274  # "alrt"
 EVALUATE_LOCK_TTL_S = 60
 # Redis hash of skipped periodic passes: "<task>:<reason>" → count (selectors.periodic_skips).
 PERIODIC_SKIPS_KEY = "{prefix}:periodic:skipped"
-# A delivery not attempted this long after its alert changed was never enqueued.
-WEBHOOK_SWEEP_AGE_S = 300
 _RELEASE_LOCK = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
 )
@@ -87,10 +100,6 @@ class AlertAlreadyAcknowledged(Exception):
         at = alert.acknowledged_at.isoformat() if alert.acknowledged_at else "?"
         super().__init__(f"already acknowledged by {by} at {at}")
         self.alert = alert
-
-
-class WebhookFailed(Exception):
-    """A delivery attempt failed; the Celery task retries it with backoff."""
 
 
 @dataclass
@@ -183,11 +192,26 @@ def alerts_sync(*, cluster: Cluster, findings: Iterable[Finding], now: float) ->
     return result
 
 
-def alert_acknowledge(*, alert: Alert, user: Any, note: str = "") -> Alert:
-    """Acknowledge a firing alert, recording who, when and why in the audit trail.
+def alert_acknowledge_authorize(
+    *, user: Any, alert: Alert, note: str = "", request: Any = None
+) -> bool:
+    """Whether the user may acknowledge the alert (operate on its cluster); a refusal is
+    recorded in the audit log (an allowed attempt is recorded by alert_acknowledge)."""
+    if user_may(user=user, cluster=alert.cluster, action=Action.OPERATE):
+        return True
+    audit_record(
+        action=AuditAction.ALERT_ACKNOWLEDGE, outcome=Outcome.DENIED, actor_user=user,
+        cluster=alert.cluster, target=f"alert:{alert.pk}", reason=note, request=request,
+    )  # fmt: skip
+    return False
+
+
+def alert_acknowledge(*, alert: Alert, user: Any, note: str = "", request: Any = None) -> Alert:
+    """Acknowledge a firing alert, recording who, when and why in the audit log.
 
     Of concurrent acknowledgements exactly one wins; the others raise
-    AlertAlreadyAcknowledged (naming the winner), and a resolved alert raises AlertResolved."""
+    AlertAlreadyAcknowledged (naming the winner), and a resolved alert raises AlertResolved.
+    The caller checks the permission (apps.access: operate on the alert's cluster)."""
     at = timezone.now()
     with transaction.atomic():
         won = Alert.objects.filter(pk=alert.pk, state=AlertState.FIRING).update(
@@ -198,9 +222,10 @@ def alert_acknowledge(*, alert: Alert, user: Any, note: str = "") -> Alert:
             if current.state == AlertState.RESOLVED:
                 raise AlertResolved(current)
             raise AlertAlreadyAcknowledged(current)
-        AuditEntry.objects.create(
-            alert=current, action=AlertEvent.ACKNOWLEDGED, actor=user, note=note, at=at
-        )
+        audit_record(
+            action=AuditAction.ALERT_ACKNOWLEDGE, outcome=Outcome.SUCCEEDED, actor_user=user,
+            cluster=current.cluster, target=f"alert:{current.pk}", reason=note, request=request,
+        )  # fmt: skip
         _announce(cluster=current.cluster, changes=[(current.pk, AlertEvent.ACKNOWLEDGED)])
     return current
 
@@ -267,76 +292,6 @@ def periodic_skip_count(*, task: str, reason: str) -> None:
         logger.warning("could not count a skipped %s pass (%s)", task, reason)
 
 
-def webhooks_sweep(*, now: float) -> int:
-    """Enqueue deliveries never attempted (the broker was down when their alert changed),
-    once they are WEBHOOK_SWEEP_AGE_S old and for a day at most; returns how many."""
-    from apps.alerts.tasks import webhook_deliver as deliver_task
-
-    oldest = datetime.fromtimestamp(now - 86_400, UTC)
-    newest = datetime.fromtimestamp(now - WEBHOOK_SWEEP_AGE_S, UTC)
-    ids = list(
-        WebhookDelivery.objects.filter(
-            attempts=0, delivered_at__isnull=True, created_at__range=(oldest, newest)
-        ).values_list("pk", flat=True)[:1000]
-    )
-    for delivery_id in ids:
-        deliver_task.apply_async((delivery_id,))
-    return len(ids)
-
-
-def webhook_body(*, fmt: str, event: str, cluster: str, alert: Mapping[str, Any]) -> dict:
-    """The body posted to an endpoint: the contract's alert object with the event name, or
-    for Slack-compatible endpoints a {"text": ...} message."""
-    if fmt == WebhookFormat.SLACK:
-        where = ", ".join(
-            f"{name} {alert[name]}"
-            for name in ("run", "node", "rank", "gpu")
-            if alert[name] is not None
-        )
-        text = (
-            f"[{alert['severity']}] {alert['kind']} {event} on cluster {cluster}"
-            f"{f' ({where})' if where else ''}: {alert['summary']}"
-        )
-        # Names and summaries come from agents: `<!channel>` in a node name must not ping.
-        return {"text": slack_escape(text)}
-    return {"event": event, "cluster": cluster, "alert": dict(alert)}
-
-
-def slack_escape(text: str) -> str:
-    """Text shown literally by Slack: its control characters &, <, > as entities (Slack's
-    rules escape only these three). We send no links or mentions of our own, so escaping the
-    whole message leaves nothing of ours to keep."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def webhook_deliver(*, delivery_id: int) -> bool:
-    """Post one delivery (once it succeeded, never again); raises WebhookFailed on a
-    connection error or a non-2xx answer, after recording the attempt."""
-    delivery = WebhookDelivery.objects.select_related("endpoint").filter(pk=delivery_id).first()
-    if delivery is None or delivery.delivered_at is not None:
-        return False
-    WebhookDelivery.objects.filter(pk=delivery_id).update(attempts=F("attempts") + 1)
-    request = urllib.request.Request(
-        delivery.endpoint.url,
-        data=orjson.dumps(delivery.payload),
-        headers={"Content-Type": "application/json", "User-Agent": "Opsboard-alerts/1"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=settings.ALERT_WEBHOOK_TIMEOUT_S):
-            pass  # urlopen raises HTTPError for any status >= 400
-    except (urllib.error.URLError, OSError) as error:
-        message = f"HTTP {error.code}" if isinstance(error, urllib.error.HTTPError) else str(error)
-        WebhookDelivery.objects.filter(pk=delivery_id).update(last_error=message[:1000])
-        raise WebhookFailed(
-            f"delivery {delivery_id} to {delivery.endpoint.url}: {message}"
-        ) from None
-    WebhookDelivery.objects.filter(pk=delivery_id).update(
-        delivered_at=timezone.now(), last_error=""
-    )
-    return True
-
-
 def _ended_runs(run_ids: Iterable[int | None]) -> set[int]:
     ids = {run_id for run_id in run_ids if run_id is not None}
     if not ids:
@@ -401,8 +356,6 @@ def _announce(*, cluster: Cluster, changes: list[tuple[int, str | None]]) -> Non
 def _publish(*, cluster_id: int, alerts: list[dict], delivery_ids: list[int]) -> None:
     """After commit, best effort: the alerts are stored, and a browser that misses a message
     reads them again on reload; a delivery not enqueued stays in the table, attempts 0."""
-    from apps.alerts.tasks import webhook_deliver as deliver_task
-
     try:
         send = async_to_sync(get_channel_layer().group_send)
         for alert in alerts:
@@ -411,6 +364,6 @@ def _publish(*, cluster_id: int, alerts: list[dict], delivery_ids: list[int]) ->
         logger.warning("live feed unavailable; %d alert changes not broadcast", len(alerts))
     for delivery_id in delivery_ids:
         try:
-            deliver_task.apply_async((delivery_id,), retry=False)
+            task_enqueue(WEBHOOK_DELIVER_TASK, delivery_id, retry=False)
         except Exception:  # any broker failure
             logger.warning("broker unavailable; webhook delivery %s not enqueued", delivery_id)

@@ -1,4 +1,4 @@
-"""Start the whole stack in the foreground: `python -m opsboard.stack run|demo`.
+"""Start the whole stack in the foreground: `python -m launcher.stack run|demo`.
 
 Resolves Postgres and Redis (DATABASE_URL / REDIS_URL, or the embedded default under
 ./var/), migrates, collects static files, then runs gunicorn for HTTP (127.0.0.1:8000),
@@ -14,15 +14,13 @@ import argparse
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from launcher.procs import ROOT, children_stop, wait_for_http
+
 MAX_RESTARTS_PER_MINUTE = 5
 
 
@@ -215,41 +213,6 @@ def simulator_command(
     ]
 
 
-def free_port() -> int:
-    """A TCP port free on loopback now (for servers started beside another stack)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def children_stop(children: Iterable[subprocess.Popen], timeout: float = 15) -> None:
-    """SIGTERM every child still running, then wait for each; kill one that outstays
-    `timeout` seconds."""
-    children = list(children)
-    for child in children:
-        if child.poll() is None:
-            child.terminate()
-    for child in children:
-        try:
-            child.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            child.kill()
-
-
-def wait_for_http(url: str, give_up: Callable[[], bool], timeout: float = 90) -> bool:
-    """True once `url` answers; False if `give_up()` turns true first (Ctrl-C)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if give_up():
-            return False
-        try:
-            with urllib.request.urlopen(url, timeout=5):
-                return True
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
-
-
 def demo_operator(environment: dict[str, str]) -> tuple[str, str]:
     password = secrets.token_urlsafe(9)
     manage(environment, "demo_operator", "--username", "operator", "--password", password)
@@ -257,7 +220,7 @@ def demo_operator(environment: dict[str, str]) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opsboard.stack")
+    parser = argparse.ArgumentParser(prog="python -m launcher.stack")
     parser.add_argument("command", choices=["run", "demo"])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))

@@ -5,6 +5,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.http import HttpResponse
+from pydantic import BaseModel
 
 
 def error_response(status: int, errors: list[dict[str, str]]) -> HttpResponse:
@@ -58,3 +59,14 @@ class FieldError(Exception):
     def __init__(self, status: int, loc: str, msg: str) -> None:
         super().__init__(msg)
         self.status, self.loc, self.msg = status, loc, msg
+
+
+class ErrorItem(BaseModel):
+    loc: str
+    msg: str
+
+
+class Errors(BaseModel):
+    """The error body's schema, for the API's documented responses."""
+
+    errors: list[ErrorItem]

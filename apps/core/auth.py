@@ -1,7 +1,10 @@
-"""Authentication for the agent API: a cluster's bearer token, or a logged-in user."""
+"""Authentication for the agent API: a cluster's bearer token.
+
+Readers (agent token, personal token or session) are composed in apps.access.auth, which
+knows users and their roles; the core stays below it."""
 
 from django.http import HttpRequest
-from ninja.security import HttpBearer, SessionAuth
+from ninja.security import HttpBearer
 
 from apps.clusters.models import AgentToken
 from apps.clusters.selectors import token_authenticate
@@ -16,5 +19,3 @@ class AgentBearer(HttpBearer):
 
 
 agent_auth = AgentBearer()
-# Reading back is open to a cluster's token or to a logged-in operator (session + CSRF).
-reader_auth = [agent_auth, SessionAuth()]
