@@ -21,6 +21,15 @@ class DetectorConfig:
     straggler_slowdown: float = 0.15
     straggler_steps: int = 20
     straggler_share: float = 0.75
+    # straggler under noise: the step-to-step spread (robust σ of log(compute / peers'
+    # median)) that `straggler_steps` is sized for, about CV 10 %. A noisier run gets a
+    # longer window, N × (σ / σ_ref)², up to half the steps the window holds, so the
+    # binomial tail of a healthy rank reaching the share stays as small as at CV 10 %.
+    straggler_noise_ref: float = 0.12
+    # ... and a young run's window (fewer steps than the service's ALERT_STEP_WINDOW = 120)
+    # may use up to this many steps, all it holds, rather than half: at N = 20 its first
+    # windows would be as noisy as before
+    straggler_steps_max: int = 60
     # sdc: canary fingerprints agree within this relative tolerance
     sdc_canary_rtol: float = 1e-4
     sdc_critical_checks: int = 2

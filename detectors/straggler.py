@@ -13,8 +13,19 @@ rank's median ratio is at least 1 + `straggler_slowdown` **and** at least
   with 85% of a straggler's steps over the line, 20 in a row happened ~4% of the time.
 - A healthy rank with per-step jitter of CV 10% is over a 15% line in ~8% of steps; 75% of
   20 such steps (the default share) is a binomial tail of ~1e-10. At CV 30% (~31% of steps
-  over the line) the tail is ~7e-5 per rank and window: the 15% threshold is then close to
-  the noise floor, and a larger N (per cluster) is the remedy.
+  over the line) the tail at N = 20 is ~7e-5 per rank and window, and a 2-hour clean run of
+  16 ranks (~100,000 windows) raised 3 false alerts. So N adapts to the measured noise:
+  σ̂ is the robust spread (1.4826 × MAD) of log(compute / peers' median) of each rank
+  around its own median over the newest N steps, and the window is N_eff = N × (σ̂ / σ_ref)²
+  steps (`straggler_noise_ref`, σ_ref ≈ 0.12, about CV 10%: N_eff = N there), at least N
+  and at most half the steps the window holds (the hysteresis looks back 2 × N_eff;
+  ALERT_STEP_WINDOW = 120 gives 60), or, for a young run's shorter window, all of it up to
+  `straggler_steps_max` (60), so its first windows are not judged at N = 20 either. Each
+  rank is measured around its own median, so a straggler's (or a slow node's) steady offset
+  is not mistaken for noise. At CV 30% N_eff is 60: a healthy rank needs 45 of 60 steps
+  over the line where it expects ~19 (σ ≈ 3.6), a tail of ~1e-13 per window; a 1.5×
+  straggler is over it in ~80% of steps (45 of 60: ~85% of windows), a 1.2× one in ~55%:
+  the floor at CV 30% lies between them.
 - With a majority of at least half, the median condition follows from the share one; it is
   kept explicit because the slowdown the finding reports is that median.
 Hysteresis, without state: the finding stands while the rule held for a window ending at
@@ -29,7 +40,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass
-from math import ceil
+from math import ceil, log
 
 from detectors.common import by_step, compute_of, median, pct, rank_nodes, run_subject
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
@@ -82,9 +93,11 @@ def detect_run(
     """One warning per slow rank (`run:<run>/rank:<r>`), or one per node whose every rank is
     slow (`run:<run>/node:<n>`); evidence holds the slowdown, how many of the window's steps
     were slow, and the cost in GPU-hours per hour that the whole run loses waiting."""
-    flagged = _Ratios(run, config).stragglers()
+    ratios = _Ratios(run, config)
+    flagged = ratios.stragglers()
     if not flagged:
         return []
+    noise = {"window_steps": ratios.n, "noise_sigma": round(ratios.sigma, 4)}
     nodes = rank_nodes(run)
     world = run.world_size or len(nodes)
     on_node: dict[str, list[int]] = defaultdict(list)
@@ -94,11 +107,17 @@ def detect_run(
     done: set[int] = set()
     for node, ranks in sorted(on_node.items()):
         if len(ranks) >= 2 and all(r in flagged for r in ranks):
-            findings.append(_node_finding(run.run, node, sorted(ranks), flagged, world))
+            findings.append(_node_finding(run.run, node, sorted(ranks), flagged, world, noise))
             done.update(ranks)
     for rank in sorted(set(flagged) - done):
-        findings.append(_rank_finding(run.run, rank, nodes.get(rank), flagged[rank], world))
+        findings.append(_rank_finding(run.run, rank, nodes.get(rank), flagged[rank], world, noise))
     return findings
+
+
+# The noise estimate reads this many ranks at most (the lowest-numbered): 1,280 points
+# pin σ̂ well, and a 1,024-rank run must not pay for 20,000 of them.
+_NOISE_RANKS = 64
+_MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution × this = its σ
 
 
 class _Ratios:
@@ -107,6 +126,10 @@ class _Ratios:
 
     def __init__(self, run: RunWindow, config: DetectorConfig) -> None:
         self.n = config.straggler_steps
+        self.base_n = config.straggler_steps
+        self.noise_ref = config.straggler_noise_ref
+        self.steps_max = config.straggler_steps_max
+        self.sigma = 0.0
         self.limit = 1.0 + config.straggler_slowdown
         self.share = config.straggler_share
         self.by_step = by_step(run.steps)
@@ -197,8 +220,38 @@ class _Ratios:
             probe += 1
         return None
 
+    def noise(self) -> float:
+        """σ̂: 1.4826 × the median absolute deviation of log(compute / peers' median) of
+        each rank from its own median, over the newest N steps (0 with too few points)."""
+        ranks: set[int] = set()
+        for i in range(self.base_n):
+            if (step := self.step(i)) is not None:
+                ranks.update(step.values)
+        deviations: list[float] = []
+        for rank in sorted(ranks)[:_NOISE_RANKS]:
+            logs = [
+                log(p.ratio)
+                for i in range(self.base_n)
+                if (p := self.point(i, rank)) is not None and p.value > 0
+            ]
+            if len(logs) >= 3:
+                centre = median(logs)
+                deviations.extend(abs(x - centre) for x in logs)
+        return _MAD_TO_SIGMA * median(deviations) if deviations else 0.0
+
+    def adapt(self) -> None:
+        """Lengthen the window for the measured noise (see the module docstring)."""
+        self.sigma = self.noise()
+        # Half the window leaves the hysteresis its 2 × N_eff; a young run's short window
+        # is used whole (up to `straggler_steps_max`): it has no older episode to keep.
+        held = len(self.numbers)
+        longest = max(self.base_n, held // 2, min(held, self.steps_max))
+        wanted = ceil(self.base_n * (self.sigma / self.noise_ref) ** 2) if self.noise_ref else 0
+        self.n = min(longest, max(self.base_n, wanted))
+
     def stragglers(self) -> dict[int, _Held]:
         """rank → its episode, for the ranks whose finding stands at the newest step."""
+        self.adapt()
         counts: dict[int, int] = defaultdict(int)
         for i in range(2 * self.n - 1):
             for rank in self.slow_ranks(i):
@@ -254,8 +307,10 @@ def _summary_numbers(held: _Held, world: int) -> dict[str, float | int | bool]:
     }
 
 
-def _rank_finding(run: str, rank: int, node: str | None, held: _Held, world: int) -> Finding:
-    numbers = _summary_numbers(held, world)
+def _rank_finding(
+    run: str, rank: int, node: str | None, held: _Held, world: int, noise: dict[str, float]
+) -> Finding:
+    numbers = {**_summary_numbers(held, world), **noise}
     where = f" on {node}" if node else ""
     return Finding(
         kind="straggler",
@@ -275,11 +330,16 @@ def _rank_finding(run: str, rank: int, node: str | None, held: _Held, world: int
 
 
 def _node_finding(
-    run: str, node: str, ranks: list[int], flagged: dict[int, _Held], world: int
+    run: str,
+    node: str,
+    ranks: list[int],
+    flagged: dict[int, _Held],
+    world: int,
+    noise: dict[str, float],
 ) -> Finding:
     # The node's slowest rank gates every collective, so it sets the cost.
     worst = max(ranks, key=lambda r: median([p.ratio for p in flagged[r].points]))
-    numbers = _summary_numbers(flagged[worst], world)
+    numbers = {**_summary_numbers(flagged[worst], world), **noise}
     slowdown = median([median([p.ratio - 1.0 for p in flagged[r].points]) for r in ranks])
     return Finding(
         kind="straggler",

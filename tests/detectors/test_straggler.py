@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from detectors import straggler
 from detectors.types import Finding
 from tests.detectors.builders import cluster, last_ts, run, steps
+from tests.detectors.noise import jitter
 
 
 def findings(rows) -> list[Finding]:
@@ -93,6 +94,27 @@ def test_it_names_the_rank_its_node_and_the_cost():
     assert ev["since_step"] == 0 and ev["last_step"] == 39  # the episode began at step 0
     # 16 ranks each wait 0.28 s of a 1.26 s step for it.
     assert ev["gpu_hours_lost_per_hour"] == pytest.approx(16 * 0.28 / 1.26, rel=1e-3)
+
+
+def test_it_keeps_the_configured_window_when_the_run_is_quiet():
+    (finding,) = findings(steps(count=120, compute=slow(13, 1.35)))
+    assert finding.evidence["window_steps"] == 20 and finding.evidence["noise_sigma"] == 0
+    assert "(20 of 20 steps slow)" in finding.summary
+
+
+def test_a_noisy_run_gets_a_longer_window_capped_at_half_the_steps_held():
+    j = jitter(7, 0.3)
+    rows = steps(count=120, compute=lambda r, s: 0.8 * j(r, s) * (2.0 if r == 13 else 1))
+    (finding,) = findings(rows)
+    assert finding.rank == 13 and finding.evidence["window_steps"] == 60
+    assert finding.evidence["steps"] == 60 and "of 60 steps slow)" in finding.summary
+
+
+def test_a_slow_node_is_not_mistaken_for_noise():
+    # Half the ranks 30% slower: a steady offset per rank, not step-to-step jitter.
+    rows = steps(count=120, ranks=16, compute=lambda r, s: 0.80 * (1.3 if r >= 8 else 1.0))
+    (finding,) = findings(rows)
+    assert finding.subject == "run:r/node:n1" and finding.evidence["window_steps"] == 20
 
 
 def test_it_uses_step_time_minus_comm_wait_without_compute_time():
