@@ -18,6 +18,32 @@ from apps.ingest.models import InboxBatch
 from tests.stackproc import Stack, database_url
 
 
+def _flush_retrying_deadlocks() -> None:
+    """pytest-django empties every table after a transactional test with `flush` (one
+    TRUNCATE of all tables). The live stack's workers keep running their periodic passes on
+    the same database, and a pass holding one table's lock while asking for another's can
+    deadlock with the TRUNCATE; Postgres then aborts one side. When that side is the flush,
+    try again: the pass has rolled back or finished by then."""
+    from django.core.management.commands import flush
+
+    handle = flush.Command.handle
+
+    def handle_retrying(self, *args, **options):
+        for attempt in range(3):
+            try:
+                return handle(self, *args, **options)
+            except Exception as error:  # CommandError wraps the database's error
+                cause = error.__cause__ or error
+                if attempt == 2 or "deadlock" not in str(cause).lower():
+                    raise
+                time.sleep(0.2)
+
+    flush.Command.handle = handle_retrying
+
+
+_flush_retrying_deadlocks()
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     """On the embedded default (no DATABASE_URL / REDIS_URL), stop the embedded Postgres and
     Redis that this session started, so that `make test` leaves no server behind; servers it
