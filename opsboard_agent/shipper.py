@@ -113,7 +113,8 @@ class Shipper:
                 self.sender.notify()
             return ids
 
-    def _spool_batch(self, records: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    def _new_batch(self, records: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+        """A batch with a fresh id, this node's identity and `records` (steps, events)."""
         self._count += 1
         batch_id = f"{self.node[:96]}/{self.instance}/{self._count}"
         batch: dict[str, Any] = {"batch_id": batch_id, "node": self.node}
@@ -123,28 +124,24 @@ class Shipper:
             batch.setdefault(key, []).append(record)
         if self.run is not None and (batch.get("steps") or batch.get("events")):
             batch["run"] = self.run
+        return batch
+
+    def _spool_batch(self, records: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+        batch = self._new_batch(records)
         body = json.dumps(batch, separators=(",", ":"), allow_nan=False).encode()
-        self.spool.put(batch_id, body)
-        return batch_id
+        self.spool.put(batch["batch_id"], body)
+        return str(batch["batch_id"])
 
     def _spool_encoded(
         self, chunks: Sequence[EncodedSamples], records: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> str:
         """A batch of samples that are already JSON (spliced in, not decoded again), with
         `records` (steps, events) as in `_spool_batch`."""
-        self._count += 1
-        batch_id = f"{self.node[:96]}/{self.instance}/{self._count}"
-        batch: dict[str, Any] = {"batch_id": batch_id, "node": self.node}
-        if self.node_info:
-            batch["node_info"] = self.node_info
-        for key, record in records:
-            batch.setdefault(key, []).append(record)
-        if self.run is not None and (batch.get("steps") or batch.get("events")):
-            batch["run"] = self.run
+        batch = self._new_batch(records)
         head = json.dumps(batch, separators=(",", ":"), allow_nan=False)
         samples = ",".join(chunk.text for chunk in chunks)
-        self.spool.put(batch_id, f'{head[:-1]},"samples":[{samples}]}}'.encode())
-        return batch_id
+        self.spool.put(batch["batch_id"], f'{head[:-1]},"samples":[{samples}]}}'.encode())
+        return str(batch["batch_id"])
 
     def _self_metrics(self, now: float) -> list[Sample]:
         values = {"agent.spool_dropped_batches": self.spool.dropped}
