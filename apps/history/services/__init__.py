@@ -37,6 +37,7 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 from django import db
@@ -114,8 +115,8 @@ def rollups_refresh(*, claim_rows: int = 20_000, max_rounds: int = 50) -> Refres
             locked, round_started = cursor.fetchone()
             if not locked:
                 return result
-            claimed, set_aside = _samples_round(limit=claim_rows, floors=floors)
-            claimed_runs, set_aside_runs = _steps_round(limit=claim_rows, floors=floors)
+            claimed, set_aside = _round(_SAMPLES, limit=claim_rows, floors=floors)
+            claimed_runs, set_aside_runs = _round(_STEPS, limit=claim_rows, floors=floors)
             result.claimed += claimed + claimed_runs
             result.set_aside += set_aside + set_aside_runs
             result.rounds += 1
@@ -141,60 +142,79 @@ def _refresh_floors(*, now: float) -> dict[str, float]:
 ROLLUP_DATA_ERRORS = (db.DataError, psycopg.DataError)
 
 
-def _samples_round(*, limit: int, floors: dict[str, float]) -> tuple[int, int]:
+@dataclass(frozen=True)
+class _Source:
+    """One kind of dirty row (sample series or runs): how a round claims and recomputes its
+    buckets, and how the rows of a claimed round are redone a key at a time."""
+
+    what: str  # for the log
+    minutes_sql: str  # claims up to %(limit)s dirty rows and recomputes their minutes
+    claim_sql: str  # claims them only (for isolation)
+    given_sql: str  # recomputes the minutes of the given rows
+    columns: tuple[str, ...]  # the given rows' columns, as parameters of given_sql
+    key_length: int  # the leading columns that name a key (a series, a run)
+    coarser: Callable[[Any, tuple, dict[str, float]], None]  # coarser tiers of a result
+
+
+def _sample_hours(cursor: Any, result: tuple, floors: dict[str, float]) -> None:
+    if result[1]:
+        cursor.execute(SAMPLE_HOURS_SQL, [*result[1:], floors["hour"]])
+
+
+def _step_tiers(cursor: Any, result: tuple, floors: dict[str, float]) -> None:
+    if result[1]:
+        cursor.execute(
+            STEP_COARSER_SQL, {"runs": result[1], "hours": result[2], "floor": floors["hour"]}
+        )
+
+
+_SAMPLES = _Source(
+    "series",
+    SAMPLE_MINUTES_SQL,
+    CLAIM_SERIES_SQL,
+    SAMPLE_MINUTES_GIVEN_SQL,
+    ("node_ids", "metric_ids", "gpus", "t0s", "t1s"),
+    3,
+    _sample_hours,
+)
+_STEPS = _Source(
+    "runs",
+    STEP_MINUTES_SQL,
+    CLAIM_RUNS_SQL,
+    STEP_MINUTES_GIVEN_SQL,
+    ("run_ids", "t0s", "t1s"),
+    1,
+    _step_tiers,
+)
+
+
+def _round(source: _Source, *, limit: int, floors: dict[str, float]) -> tuple[int, int]:
     """(dirty rows claimed, of which set aside)."""
     try:
         with transaction.atomic():
-            return _samples_rollup(SAMPLE_MINUTES_SQL, {"limit": limit}, floors=floors), 0
+            return _rollup(source, source.minutes_sql, {"limit": limit}, floors=floors), 0
     except ROLLUP_DATA_ERRORS as exc:
-        logger.warning("sample rollup round failed, isolating its series: %s", exc)
+        logger.warning("rollup round of %s failed, isolating them: %s", source.what, exc)
     with server_cursor() as cursor:
-        cursor.execute(CLAIM_SERIES_SQL, {"limit": limit})
+        cursor.execute(source.claim_sql, {"limit": limit})
         claimed = cursor.fetchall()
 
     def rollup(rows: list[tuple]) -> None:
-        params = _columns(rows, names=("node_ids", "metric_ids", "gpus", "t0s", "t1s"))
-        _samples_rollup(SAMPLE_MINUTES_GIVEN_SQL, params, floors=floors)
+        _rollup(source, source.given_sql, _columns(rows, names=source.columns), floors=floors)
 
-    return len(claimed), _rollup_isolated(rows=claimed, key=lambda row: row[:3], rollup=rollup)
+    set_aside = _rollup_isolated(
+        rows=claimed, key=lambda row: row[: source.key_length], rollup=rollup
+    )
+    return len(claimed), set_aside
 
 
-def _samples_rollup(sql: str, params: dict, *, floors: dict[str, float]) -> int:
+def _rollup(source: _Source, sql: str, params: dict, *, floors: dict[str, float]) -> int:
+    """Recompute the minutes `sql` names, then their coarser tiers; returns rows claimed."""
     with server_cursor() as cursor:
         cursor.execute(sql, {**params, "floor": floors["minute"]})
-        claimed, *hours = cursor.fetchone()
-        if hours[0]:
-            cursor.execute(SAMPLE_HOURS_SQL, [*hours, floors["hour"]])
-    return claimed
-
-
-def _steps_round(*, limit: int, floors: dict[str, float]) -> tuple[int, int]:
-    """(dirty rows claimed, of which set aside)."""
-    try:
-        with transaction.atomic():
-            return _steps_rollup(STEP_MINUTES_SQL, {"limit": limit}, floors=floors), 0
-    except ROLLUP_DATA_ERRORS as exc:
-        logger.warning("step rollup round failed, isolating its runs: %s", exc)
-    with server_cursor() as cursor:
-        cursor.execute(CLAIM_RUNS_SQL, {"limit": limit})
-        claimed = cursor.fetchall()
-
-    def rollup(rows: list[tuple]) -> None:
-        params = _columns(rows, names=("run_ids", "t0s", "t1s"))
-        _steps_rollup(STEP_MINUTES_GIVEN_SQL, params, floors=floors)
-
-    return len(claimed), _rollup_isolated(rows=claimed, key=lambda row: row[0], rollup=rollup)
-
-
-def _steps_rollup(sql: str, params: dict, *, floors: dict[str, float]) -> int:
-    with server_cursor() as cursor:
-        cursor.execute(sql, {**params, "floor": floors["minute"]})
-        claimed, runs, hours = cursor.fetchone()
-        if runs:
-            cursor.execute(
-                STEP_COARSER_SQL, {"runs": runs, "hours": hours, "floor": floors["hour"]}
-            )
-    return claimed
+        result = cursor.fetchone()
+        source.coarser(cursor, result, floors)
+    return result[0]
 
 
 def _columns(rows: list[tuple], *, names: tuple[str, ...]) -> dict[str, list]:
