@@ -13,8 +13,8 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.renderers import BaseRenderer
 from ninja.responses import NinjaJSONEncoder
 
+from apps.access.api import router as audit_router
 from apps.alerts.api import router as alerts_router
-from apps.audit.api import router as audit_router
 from apps.commands.api import router as commands_router
 from apps.core.errors import FieldError, error_response, validation_errors
 from apps.ingest.api import router as ingest_router

@@ -16,6 +16,6 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", healthz),
-    path("", include("apps.audit.urls")),
+    path("", include("apps.access.urls")),
     path("", include("apps.dashboard.urls")),
 ]

@@ -69,3 +69,15 @@ def request_cluster_filter(request: HttpRequest, cluster: str | None) -> dict:
         return {"cluster_id": token.cluster_id}
     visible = {"cluster__in": clusters_visible(user=request.user)}
     return {**visible, "cluster__name": cluster} if cluster else visible
+
+
+def audit_may_read(*, user: Any) -> bool:
+    """Whether the user may read an audit log: a superuser, or an admin of some cluster."""
+    return user.is_superuser or clusters_administered(user=user).exists()
+
+
+def audit_cluster_ids(*, user: Any) -> list[int] | None:
+    """The clusters whose audit entries `user` reads; None for a superuser (every entry)."""
+    if user.is_superuser:
+        return None
+    return list(clusters_administered(user=user).values_list("pk", flat=True))

@@ -5,7 +5,8 @@ from ninja import Field, Query, Router, Schema
 from ninja.security import SessionAuth
 
 from apps.access.auth import user_token_auth
-from apps.audit.selectors import audit_json, audit_list, audit_may_read
+from apps.access.selectors import audit_cluster_ids, audit_may_read
+from apps.audit.selectors import audit_json, audit_list
 from apps.core.errors import Errors, FieldError
 from apps.core.params import CLUSTER_MAX_LENGTH, timestamp_field
 
@@ -49,7 +50,11 @@ def audit(request: HttpRequest, query: Query[AuditQuery]):
     if not audit_may_read(user=request.user):
         raise FieldError(403, "", "only a cluster's admins read its audit log")
     entries = audit_list(
-        user=request.user, cluster=query.cluster or "", actor=query.actor or "",
-        action=query.action or "", outcome=query.outcome or "", since=query.since,
-    )  # fmt: skip
+        cluster_ids=audit_cluster_ids(user=request.user),
+        cluster=query.cluster or "",
+        actor=query.actor or "",
+        action=query.action or "",
+        outcome=query.outcome or "",
+        since=query.since,
+    )
     return {"entries": [audit_json(entry) for entry in entries]}

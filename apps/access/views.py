@@ -1,4 +1,7 @@
-"""The audit page (/audit/): the log of the clusters one administers, filtered; CSV export."""
+"""The audit page (/audit/): the log of the clusters one administers, filtered; CSV export.
+
+It lives in access, not audit, because who reads which entries is a question of roles:
+apps.audit stays the log itself, which access writes to."""
 
 import csv
 
@@ -8,9 +11,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from apps.access.selectors import clusters_administered
+from apps.access.selectors import audit_cluster_ids, audit_may_read, clusters_administered
 from apps.audit.choices import Outcome
-from apps.audit.selectors import CSV_COLUMNS, audit_list, audit_may_read
+from apps.audit.selectors import CSV_COLUMNS, audit_list
 
 AUDIT_FILTERS = ("cluster", "actor", "action", "outcome")
 
@@ -21,7 +24,7 @@ def audit_page(request: HttpRequest) -> HttpResponse:
     if not audit_may_read(user=request.user):
         return HttpResponseForbidden("only a cluster's admins read its audit log")
     filters = {name: request.GET.get(name, "").strip() for name in AUDIT_FILTERS}
-    entries = audit_list(user=request.user, **filters)
+    entries = audit_list(cluster_ids=audit_cluster_ids(user=request.user), **filters)
     if request.GET.get("format") == "csv":
         return _csv(entries)
     context = {

@@ -1,5 +1,5 @@
 from django.urls import path
 
-from apps.audit import views
+from apps.access import views
 
 urlpatterns = [path("audit/", views.audit_page, name="audit")]
