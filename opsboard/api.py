@@ -59,6 +59,17 @@ class OpsboardAPI(NinjaAPI):
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(body.pop("$defs", {}))
         components["IngestBatch"] = body
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                responses = operation.get("responses", {})
+                redirect = responses.get(307) or responses.get("307")  # ninja's keys are ints
+                if redirect is not None:  # the long-poll, sent on to the ASGI server
+                    redirect["headers"] = {
+                        "Location": {
+                            "description": "the same path and query, same host, another port",
+                            "schema": {"type": "string", "format": "uri"},
+                        }
+                    }
         return schema
 
 

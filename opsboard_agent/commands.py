@@ -6,7 +6,9 @@ command once.
                            handle=lambda command: ...).start()
 
 Protocol (docs/contract.md): `GET /api/v1/commands?node=NAME&wait=S` answers as soon as a
-command is pending (or after S ≤ 30 s with none); `POST /api/v1/commands/ID/ack` with
+command is pending (or after S ≤ 30 s with none); a server may answer it `307` to the same
+host on another port (its long-poll server): the client follows with its token, to that
+host only, and polls there until a connection fails; `POST /api/v1/commands/ID/ack` with
 `{"state": "accepted" | "succeeded" | "failed", "detail": …}` moves it forward; a repeated
 state is a no-op on the server and a backwards move is `409`.
 
@@ -31,7 +33,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import SplitResult, quote, urlencode, urljoin, urlsplit
 
 from opsboard_agent.sender import backoff_delay
 
@@ -43,6 +45,10 @@ ACK_STATES = ("accepted", "succeeded", "failed")
 # Seconds between polls when the server keeps offering only commands this poller leaves to
 # another process (it answers at once while one is pending, so no wait would spin).
 IDLE_REPOLL = 1.0
+REDIRECTS = (307, 308)  # method, body and path kept: the only redirects a poll follows
+# Tells the server this client follows them (with its token, to the same host only).
+REDIRECTS_HEADER = {"X-Opsboard-Redirects": "follow"}
+MAX_REDIRECTS = 3
 
 
 class CommandError(Exception):
@@ -78,10 +84,13 @@ class Command:
 
 class CommandClient:
     """One HTTP request per call (a long poll holds its own connection); raises OSError or
-    http.client.HTTPException on network trouble, CommandError on an unexpected status."""
+    http.client.HTTPException on network trouble, CommandError on an unexpected status (or
+    on a redirect it refuses: to another host, or from https to http)."""
 
     def __init__(self, *, server: str, token: str, timeout: float = 10.0) -> None:
         self.server, self.token, self.timeout = server, token, timeout
+        # Where polls go after a redirect (the server's long-poll port); None: `server`.
+        self.poll_server: str | None = None
 
     def poll(self, *, node: str, wait: float, kinds: Collection[str] = ()) -> list[Command]:
         """`kinds` (an optional extra parameter, ignored by servers that do not know it):
@@ -91,7 +100,7 @@ class CommandClient:
         if kinds:
             params["kinds"] = ",".join(sorted(kinds))
         query = urlencode(params)
-        status, body = self._request("GET", f"{COMMANDS_PATH}?{query}", timeout=wait + 15)
+        status, body = self._poll_request(f"{COMMANDS_PATH}?{query}", timeout=wait + 15)
         if status != 200:
             raise CommandError(status, body)
         return [Command.from_json(item) for item in json.loads(body)["commands"]]
@@ -120,19 +129,71 @@ class CommandClient:
         result: dict[str, Any] = json.loads(body)
         return result
 
+    def _poll_request(self, path: str, *, timeout: float) -> tuple[int, bytes]:
+        """GET `path` where polls go, following 307/308 to the server's own host; the target
+        is remembered for the next polls and forgotten when a connection to it fails."""
+        base = self.poll_server or self.server
+        url = urlsplit(base.rstrip("/") + path)
+        for _ in range(MAX_REDIRECTS + 1):
+            try:
+                status, headers, body = self._exchange(
+                    "GET", url, timeout=timeout, headers=REDIRECTS_HEADER
+                )
+            except (OSError, http.client.HTTPException):
+                self.poll_server = None  # ask the server again next time
+                raise
+            location = headers.get("location")
+            if status not in REDIRECTS or not location:
+                return status, body
+            url = self._redirect_target(url, location)
+            if url.path.endswith(COMMANDS_PATH):
+                self.poll_server = f"{url.scheme}://{url.netloc}{url.path[: -len(COMMANDS_PATH)]}"
+        raise CommandError(status, b"too many redirects")
+
+    def _redirect_target(self, current: SplitResult, location: str) -> SplitResult:
+        """The redirect's URL, if it stays on the configured server's host (any port): the
+        token is never sent anywhere else, nor from https down to http."""
+        target = urlsplit(urljoin(current.geturl(), location))
+        home = urlsplit(self.server)
+        if (target.hostname or "").lower() != (home.hostname or "").lower():
+            raise CommandError(307, f"refused a redirect to another host: {location}".encode())
+        if target.scheme not in ("http", "https") or (
+            home.scheme == "https" and target.scheme != "https"
+        ):
+            raise CommandError(307, f"refused a redirect to {target.scheme}: {location}".encode())
+        return target
+
     def _request(
         self, method: str, path: str, *, body: bytes | None = None, timeout: float | None = None
     ) -> tuple[int, bytes]:
-        url = urlsplit(self.server)
+        url = urlsplit(self.server.rstrip("/") + path)
+        status, _, answer = self._exchange(method, url, body=body, timeout=timeout)
+        return status, answer
+
+    def _exchange(
+        self,
+        method: str,
+        url: SplitResult,
+        *,
+        body: bytes | None = None,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
         cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         connection = cls(url.netloc, timeout=timeout or self.timeout)
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        headers = {
+            "Authorization": f"Bearer {self.token}",
+            "Accept": "application/json",
+            **(headers or {}),
+        }
         if body is not None:
             headers["Content-Type"] = "application/json"
+        target = url.path + (f"?{url.query}" if url.query else "")
         try:
-            connection.request(method, url.path.rstrip("/") + path, body=body, headers=headers)
+            connection.request(method, target, body=body, headers=headers)
             response = connection.getresponse()
-            return response.status, response.read()
+            answer = response.read()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, answer
         finally:
             connection.close()
 

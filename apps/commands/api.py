@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any, Literal
 
-from django.conf import settings
 from django.http import HttpRequest
 from ninja import Field, Header, Query, Router, Schema
 from ninja.security import SessionAuth
-from pydantic import ConfigDict
+from pydantic import ConfigDict, field_validator
 
 from apps.access.auth import reader_auth, user_token_auth
 from apps.access.selectors import clusters_visible
 from apps.clusters.models import Node
 from apps.commands import services
 from apps.commands.choices import CommandKind, CommandState
+from apps.commands.longpoll import REDIRECTS_HEADER
+from apps.commands.longpoll_wsgi import longpoll_redirect, poll_sync
 from apps.commands.selectors import command_get, command_json, command_list, run_plan
 from apps.core import bounds
 from apps.core.auth import agent_auth
@@ -28,6 +28,7 @@ router = Router(tags=["commands"])
 
 NAME_MAX_LENGTH = 255  # clusters_node.name, runs_run.name
 WAIT_MAX_S = 30
+KINDS_MAX_LENGTH = 200
 Kind = Literal["checkpoint", "stop", "resume", "drain", "cordon", "uncordon"]
 State = Literal["issued", "delivered", "accepted", "succeeded", "failed", "expired"]
 
@@ -99,7 +100,27 @@ class CommandsQuery(Schema):
     wait: float = Field(
         default=0, ge=0, le=WAIT_MAX_S, description="agents: hold the poll up to this long"
     )
+    kinds: str | None = Field(
+        default=None,
+        max_length=KINDS_MAX_LENGTH,
+        description="agents: only these kinds, comma-separated; others stay for another poller",
+    )
     cluster: str | None = Field(default=None, max_length=CLUSTER_MAX_LENGTH)
+
+    @field_validator("kinds")
+    @classmethod
+    def _known_kinds(cls, value: str | None) -> str | None:
+        names = [name.strip() for name in (value or "").split(",") if name.strip()]
+        unknown = sorted(set(names) - set(CommandKind.values))
+        if unknown:
+            known = ", ".join(CommandKind.values)
+            raise ValueError(f"unknown kind {unknown[0]!r}: one of {known}, comma-separated")
+        return ",".join(names) or None
+
+    @property
+    def kind_set(self) -> frozenset[str] | None:
+        """The kinds asked for; None: every kind."""
+        return frozenset(self.kinds.split(",")) if self.kinds else None
 
 
 class AckIn(Schema):
@@ -176,10 +197,25 @@ def _one(model, loc: str, name: str, clusters) -> Any:
 @router.get(
     "/commands",
     auth=[agent_auth, user_token_auth, SessionAuth()],
-    response={200: CommandsOut, 400: Errors, 401: Errors},
+    response={200: CommandsOut, 307: None, 400: Errors, 401: Errors},
     summary="Agents: long-poll for the node's commands. Users: the commands, newest first",
+    description=(
+        "An agent's poll with `wait` > 0 sent with `X-Opsboard-Redirects: follow` may be "
+        "answered `307 Temporary Redirect` to the same host on the port of the ASGI server, "
+        "which holds long-polls cheaply: follow it with the same Authorization (to the same "
+        "host only) and poll there from then on."
+    ),
 )
-def commands(request: HttpRequest, query: Query[CommandsQuery]):
+def commands(
+    request: HttpRequest,
+    query: Query[CommandsQuery],
+    redirects: str | None = Header(
+        default=None,
+        alias=REDIRECTS_HEADER,
+        max_length=32,
+        description="agents: `follow` if you follow a 307 to the same host with your token",
+    ),
+):
     token = getattr(request, "agent_token", None)
     if token is None:
         clusters = clusters_visible(user=request.user)
@@ -189,14 +225,13 @@ def commands(request: HttpRequest, query: Query[CommandsQuery]):
         return {"commands": [command_json(command) for command in found]}
     if not query.node:
         raise FieldError(400, "node", "an agent polls for one node")
-    deadline = time.monotonic() + query.wait
-    while True:
-        handed = services.commands_deliver(cluster_id=token.cluster_id, node_name=query.node)
-        remaining = deadline - time.monotonic()
-        if handed or remaining <= 0:
-            break
-        time.sleep(min(settings.COMMANDS_POLL_INTERVAL_S, remaining))
-    return {"commands": [command_json(command_get(command_id=c.pk)) for c in handed]}
+    follows = (redirects or "").strip().lower() == "follow"
+    if query.wait > 0 and (redirect := longpoll_redirect(request, follows=follows)) is not None:
+        return redirect
+    handed = poll_sync(
+        cluster_id=token.cluster_id, node_name=query.node, kinds=query.kind_set, wait=query.wait
+    )
+    return {"commands": handed}
 
 
 @router.get(

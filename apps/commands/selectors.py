@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -27,10 +28,25 @@ def _served(*, run_ref: str, last_step_ref: str, **node: Any) -> Exists:
     )
 
 
-def commands_pending(*, cluster_id: int, node_name: str, stale: datetime) -> list[Command]:
+def _deliverable(*, stale: datetime, kinds: Collection[str] | None = None) -> QuerySet[Command]:
+    """Live commands an agent may receive now: issued ones, and delivered ones last handed
+    out before `stale`, of the delivered kinds (only `kinds` of them, when given)."""
+    wanted = DELIVERED_KINDS if kinds is None else DELIVERED_KINDS & frozenset(kinds)
+    return (
+        Command.objects.filter(kind__in=wanted)
+        .filter(expires_at__gt=timezone.now())
+        .filter(
+            Q(state=CommandState.ISSUED) | Q(state=CommandState.DELIVERED, delivered_at__lt=stale)
+        )
+    )
+
+
+def commands_pending(
+    *, cluster_id: int, node_name: str, stale: datetime, kinds: Collection[str] | None = None
+) -> list[Command]:
     """The live commands an agent polling as `node_name` should get, oldest first: those
     addressed to the node, and those of a run it serves that name no node. Issued ones, and
-    delivered ones last handed out before `stale`."""
+    delivered ones last handed out before `stale`; only `kinds` when given."""
     served = _served(
         run_ref="run_id",
         last_step_ref="run__last_step",
@@ -38,15 +54,43 @@ def commands_pending(*, cluster_id: int, node_name: str, stale: datetime) -> lis
         node__cluster_id=cluster_id,
     )
     return list(
-        Command.objects.filter(cluster_id=cluster_id, kind__in=DELIVERED_KINDS)
-        .filter(expires_at__gt=timezone.now())
-        .filter(
-            Q(state=CommandState.ISSUED) | Q(state=CommandState.DELIVERED, delivered_at__lt=stale)
-        )
+        _deliverable(stale=stale, kinds=kinds)
+        .filter(cluster_id=cluster_id)
         .filter(Q(node__name=node_name) | Q(node__isnull=True, run__isnull=False) & served)
         .select_related("run", "node")
         .order_by("issued_at")
     )
+
+
+def run_serving_node_names(*, run_id: int) -> list[str]:
+    """The nodes that reported one of the run's last NODES_STEPS steps: those a run command
+    naming no node may reach."""
+    run = Run.objects.filter(pk=run_id).values_list("cluster_id", "last_step").first()
+    if run is None or run[1] is None:
+        return []
+    reports = StepReport.objects.filter(
+        run_id=run_id, node_id=OuterRef("pk"), step__gt=run[1] - NODES_STEPS
+    )
+    return list(
+        Node.objects.filter(cluster_id=run[0])
+        .filter(Exists(reports))
+        .values_list("name", flat=True)
+    )
+
+
+def commands_deliverable_targets(*, stale: datetime) -> list[tuple[int, str, str]]:
+    """(cluster id, node name, kind) for each command an agent could receive now, a run
+    command naming no node once per node serving its run: whom a long-poll's safety net
+    wakes."""
+    targets: list[tuple[int, str, str]] = []
+    rows = _deliverable(stale=stale).values_list("cluster_id", "node__name", "run_id", "kind")
+    for cluster_id, node_name, run_id, kind in rows:
+        if node_name is not None:
+            targets.append((cluster_id, node_name, kind))
+        elif run_id is not None:
+            names = run_serving_node_names(run_id=run_id)
+            targets.extend((cluster_id, name, kind) for name in names)
+    return targets
 
 
 def node_runs(*, node: Node) -> list[Run]:

@@ -142,15 +142,15 @@ def test_every_ddp_rank_saves_at_the_same_step_and_a_resume_continues_from_it(st
     assert reported == [(r, s) for r in (0, 1) for s in range(step + 1, step + 4)]
 
 
-def test_rank_0_polls_only_when_asked_to(stub, tmp_path, monkeypatch):
-    monkeypatch.delenv("OPSBOARD_COMMANDS", raising=False)
+def test_rank_0_polls_unless_turned_off(stub, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPSBOARD_COMMANDS", "off")
     quiet = reporter_for(stub, tmp_path, commands=None)
     try:
         time.sleep(0.5)
         assert quiet.commands is None and not stub.polls
     finally:
         quiet.close(drain_timeout=0)
-    monkeypatch.setenv("OPSBOARD_COMMANDS", "on")
+    monkeypatch.delenv("OPSBOARD_COMMANDS", raising=False)
     asked = reporter_for(stub, tmp_path / "asked", commands=None)
     try:
         deadline = time.monotonic() + 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,7 @@ from apps.commands.models import Command
 from apps.commands.selectors import commands_pending, run_plan
 from apps.commands.services.core import CommandConflict, command_create, command_transition
 from apps.commands.services.nodes import HookFailed, node_cordon, node_uncordon
+from apps.commands.wakeups import commands_wake_on_commit
 from apps.runs.models import Run
 
 
@@ -87,6 +89,8 @@ def command_issue(
     )
     if created and kind in NODE_KINDS:
         command = _carry_out(command=command, node=node, audit=audit)
+    elif created:
+        commands_wake_on_commit(command=command)
     return command, created
 
 
@@ -143,15 +147,19 @@ def _carry_out(*, command: Command, node: Node, audit: dict[str, Any]) -> Comman
     )[0]
 
 
-def commands_deliver(*, cluster_id: int, node_name: str) -> list[Command]:
+def commands_deliver(
+    *, cluster_id: int, node_name: str, kinds: Collection[str] | None = None
+) -> list[Command]:
     """The commands pending for the node that this call hands out: issued ones become
     delivered; delivered ones unacknowledged for COMMANDS_REDELIVER_AFTER_S go out again (an
     agent restarted or lost the answer). Racing polls hand each out once: a conditional
-    UPDATE decides."""
+    UPDATE decides. With `kinds`, commands of other kinds are left as they are (a second
+    poller on the node takes them)."""
     now = timezone.now()
     stale = now - timedelta(seconds=settings.COMMANDS_REDELIVER_AFTER_S)
     handed = []
-    for command in commands_pending(cluster_id=cluster_id, node_name=node_name, stale=stale):
+    pending = commands_pending(cluster_id=cluster_id, node_name=node_name, stale=stale, kinds=kinds)
+    for command in pending:
         if command.state == CommandState.ISSUED:
             try:
                 command, moved = command_transition(
