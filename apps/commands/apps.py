@@ -4,3 +4,10 @@ from django.apps import AppConfig
 class CommandsConfig(AppConfig):
     name = "apps.commands"
     label = "commands"
+
+    def ready(self) -> None:
+        from apps.commands.services.policy import on_alert_raised
+        from apps.core.signals import alert_raised
+
+        # alerts may not import commands (siblings): it announces, the policy listens
+        alert_raised.connect(on_alert_raised, dispatch_uid="commands.auto_cordon")

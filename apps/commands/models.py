@@ -110,3 +110,33 @@ class ClusterHooks(models.Model):
                 raise ValidationError({name: "a JSON list of strings (argv, no shell)"})
         if self.timeout_s <= 0:
             raise ValidationError({"timeout_s": "must be positive"})
+
+
+class AutoCordonPolicy(models.Model):
+    """Whether critical hardware findings cordon their node by themselves (off by default).
+
+    Applied by apps.commands.services.policy when an alert opens or escalates; which alerts
+    count as critical is said there (and in docs/actions.md)."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="auto_cordon")
+    enabled = models.BooleanField(
+        default=False, help_text="cordon a node automatically on the findings checked below"
+    )
+    on_ecc = models.BooleanField(default=True, help_text="uncorrectable ECC errors")
+    on_xid = models.BooleanField(
+        default=True, help_text="XIDs whose catalog action is a GPU reset, a reboot or an RMA"
+    )
+    on_sdc = models.BooleanField(
+        default=True, help_text="silent data corruption confirmed at two or more checks"
+    )
+
+    class Meta:
+        verbose_name = "auto-cordon policy"
+        verbose_name_plural = "auto-cordon policies"
+
+    def __str__(self) -> str:
+        return f"auto-cordon of {self.cluster} ({'on' if self.enabled else 'off'})"
+
+    def covers(self, finding: str) -> bool:
+        """Whether the policy is on for this kind of critical finding (ecc | xid | sdc)."""
+        return self.enabled and bool(getattr(self, f"on_{finding}", False))

@@ -1,4 +1,5 @@
-"""Writes of runs, step reports and events (called by the ingest worker in its transaction)."""
+"""Writes of runs, step reports and events (called by the ingest worker in its transaction),
+and the run state that operators' stop and resume commands set (apps.commands)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from apps.core.times import to_datetime
+from apps.runs.choices import ENDED_STATES, RunState
+from apps.runs.models import Run
 
 
 @dataclass
@@ -89,6 +94,7 @@ STEP_FIELDS = [
     "canary_norm",
     "canary_proj",
     "shard",
+    "gpu",
 ]
 STEP_TYPES = [
     "int8",
@@ -108,6 +114,7 @@ STEP_TYPES = [
     "float8",
     "float8[]",
     "text",
+    "int2",
 ]
 
 
@@ -157,6 +164,7 @@ def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> StepsStored:
                     canary.get("norm"),
                     canary.get("proj") if canary else None,
                     step.get("shard"),
+                    step.get("gpu"),
                 )
             )
     return StepsStored(len(steps), dirty)
@@ -203,7 +211,9 @@ def runs_end(*, events: list[tuple[int, dict[str, Any]]]) -> int:
 
     run_end: the run becomes `failed` or `finished` (failed wins: one rank that failed fails
     the run), unless it stepped more than RUN_RESUME_AFTER_S after the event (an old end
-    replayed from a spool after a restart). restart: an ended run runs again."""
+    replayed from a spool after a restart), and a stopped run keeps `stopped` for an event
+    from before its stop (the job going down because of the stop). restart: an ended or
+    stopped run runs again."""
     changed = 0
     ordered = sorted(
         ((run_id, event) for run_id, event in events if event["kind"] in ("run_end", "restart")),
@@ -226,7 +236,8 @@ def runs_end(*, events: list[tuple[int, dict[str, Any]]]) -> int:
                     "  ended_at = GREATEST(ended_at, %s),"
                     "  end_message = CASE WHEN %s <> '' THEN %s ELSE end_message END"
                     " WHERE id = %s AND (last_step_at IS NULL"
-                    "  OR last_step_at <= %s + make_interval(secs => %s))",
+                    "  OR last_step_at <= %s + make_interval(secs => %s))"
+                    " AND NOT (state = 'stopped' AND ended_at IS NOT NULL AND ended_at >= %s)",
                     [
                         event.get("state"),
                         at,
@@ -235,7 +246,38 @@ def runs_end(*, events: list[tuple[int, dict[str, Any]]]) -> int:
                         run_id,
                         at,
                         RUN_RESUME_AFTER_S,
+                        at,
                     ],
                 )
             changed += cursor.rowcount
     return changed
+
+
+def run_mark_stopped(*, run_id: int, since: datetime, at: datetime | None = None) -> bool:
+    """A stop of the run succeeded: it becomes `stopped` (ended_at = `at`, the stop's time).
+
+    A running run stops; so does one that ended at or after `since` (the stop's issue time:
+    that run_end was the job going down because of the stop). One that ended before the stop
+    was issued keeps its end. Returns whether this call changed the run (a conditional
+    UPDATE: of racing callers one wins).
+
+    The stop's time goes in ended_at, the column ingest compares step times and restart
+    events with: steps more than RUN_RESUME_AFTER_S after it, or a restart event after it,
+    make the run `running` again, as they do for an ended run; a run_end from before it
+    leaves it stopped (runs_end)."""
+    ended_by_stop = Q(state__in=ENDED_STATES, ended_at__gte=since)
+    return bool(
+        Run.objects.filter(pk=run_id)
+        .filter(Q(state=RunState.RUNNING) | ended_by_stop)
+        .update(state=RunState.STOPPED, ended_at=at or timezone.now())
+    )
+
+
+def run_mark_running(*, run_id: int) -> bool:
+    """A resume of the run succeeded (the job was started again): a run that is not running
+    runs again. Returns whether this call changed it (a conditional UPDATE)."""
+    return bool(
+        Run.objects.filter(pk=run_id)
+        .exclude(state=RunState.RUNNING)
+        .update(state=RunState.RUNNING, ended_at=None)
+    )

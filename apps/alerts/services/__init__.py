@@ -57,6 +57,7 @@ from apps.audit.choices import AuditAction, Outcome
 from apps.audit.services import audit_record
 from apps.clusters.models import Cluster, Node
 from apps.core.redis import redis_client
+from apps.core.signals import alert_raised
 from apps.core.tasks import task_enqueue
 from apps.live.groups import cluster_group
 from apps.runs.choices import ENDED_STATES
@@ -323,7 +324,8 @@ def _plain(value: Any) -> Any:
 
 def _announce(*, cluster: Cluster, changes: list[tuple[int, str | None]]) -> None:
     """Inside the writing transaction: snapshot the changed alerts, write their webhook
-    deliveries, and on commit broadcast them and enqueue the deliveries."""
+    deliveries, and on commit broadcast them, enqueue the deliveries and send alert_raised
+    for those that opened or escalated."""
     if not changes:
         return
     alerts = {
@@ -348,14 +350,46 @@ def _announce(*, cluster: Cluster, changes: list[tuple[int, str | None]]) -> Non
     )
     messages = list(alerts.values())
     delivery_ids = [delivery.pk for delivery in deliveries]
+    raised = _raised(changes)
     transaction.on_commit(
-        lambda: _publish(cluster_id=cluster.pk, alerts=messages, delivery_ids=delivery_ids)
+        lambda: _publish(
+            cluster_id=cluster.pk, alerts=messages, delivery_ids=delivery_ids, raised=raised
+        )
     )
 
 
-def _publish(*, cluster_id: int, alerts: list[dict], delivery_ids: list[int]) -> None:
+RAISED_EVENTS = (AlertEvent.OPENED, AlertEvent.ESCALATED)
+# What a receiver gets of each alert: plain values, never the model (see apps.core.signals).
+RAISED_FIELDS = ["id", "cluster_id", "node_id", "run_id", "kind", "subject", "severity"]
+RAISED_FIELDS += ["summary", "evidence"]
+
+
+def _raised(changes: list[tuple[int, str | None]]) -> list[dict[str, Any]]:
+    """The apps.core.signals.alert_raised payloads of the alerts that opened or escalated."""
+    events = {pk: event for pk, event in changes if event in RAISED_EVENTS}
+    if not events:
+        return []
+    rows = Alert.objects.filter(pk__in=list(events)).values(*RAISED_FIELDS)
+    return [{**row, "event": str(events[row["id"]])} for row in rows]
+
+
+def _send_raised(raised: list[dict[str, Any]]) -> None:
+    """After commit: tell the receivers (the auto-cordon policy); a failing one is logged."""
+    for alert in raised:
+        for receiver, outcome in alert_raised.send_robust(sender=Alert, alert=alert):
+            if isinstance(outcome, Exception):
+                logger.error(
+                    "%s failed on alert %s", getattr(receiver, "__qualname__", receiver),
+                    alert["id"], exc_info=outcome,
+                )  # fmt: skip
+
+
+def _publish(
+    *, cluster_id: int, alerts: list[dict], delivery_ids: list[int], raised: list[dict]
+) -> None:
     """After commit, best effort: the alerts are stored, and a browser that misses a message
-    reads them again on reload; a delivery not enqueued stays in the table, attempts 0."""
+    reads them again on reload; a delivery not enqueued stays in the table, attempts 0.
+    Then alert_raised for the alerts that opened or escalated."""
     try:
         send = async_to_sync(get_channel_layer().group_send)
         for alert in alerts:
@@ -367,3 +401,4 @@ def _publish(*, cluster_id: int, alerts: list[dict], delivery_ids: list[int]) ->
             task_enqueue(WEBHOOK_DELIVER_TASK, delivery_id, retry=False)
         except Exception:  # any broker failure
             logger.warning("broker unavailable; webhook delivery %s not enqueued", delivery_id)
+    _send_raised(raised)  # last: a receiver may run a scheduler hook (the auto-cordon policy)

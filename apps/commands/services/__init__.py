@@ -14,6 +14,7 @@ from apps.commands.services.issue import (
     commands_deliver,
 )
 from apps.commands.services.nodes import HookFailed, hook_argv, node_cordon, node_uncordon
+from apps.commands.services.policy import critical_finding, policy_apply
 from apps.commands.services.reactions import checkpoint_evaluate, commands_sweep
 
 __all__ = [
@@ -29,7 +30,9 @@ __all__ = [
     "command_transition",
     "commands_deliver",
     "commands_sweep",
+    "critical_finding",
     "hook_argv",
     "node_cordon",
     "node_uncordon",
+    "policy_apply",
 ]

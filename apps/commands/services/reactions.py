@@ -6,16 +6,18 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from django.db.models import Min
 from django.utils import timezone
 
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Node
-from apps.commands.choices import CommandKind, CommandState
+from apps.commands.choices import LIVE_STATES, CommandKind, CommandState
 from apps.commands.models import Command
 from apps.commands.selectors import checkpoint_ranks, node_runs
 from apps.commands.services.core import CommandConflict, command_transition
 from apps.commands.services.nodes import HookFailed, node_cordon, node_drain_settle
 from apps.runs.models import Run
+from apps.runs.services import run_mark_running, run_mark_stopped
 
 SYSTEM = {"user": None, "actor_kind": "policy", "actor_name": "drain"}
 
@@ -42,7 +44,10 @@ def drain_start(*, command: Command, node: Node, actor: dict[str, Any]) -> Comma
 
 
 def command_finished(*, command: Command) -> None:
-    """A command reached a terminal state: step its drain on, or settle a finished drain."""
+    """A command reached a terminal state: set its run's state (stop, resume), step its
+    drain on, or settle a finished drain."""
+    if command.state == CommandState.SUCCEEDED:
+        run_state_follow(command=command)
     if command.kind == CommandKind.DRAIN:
         node_drain_settle(node_id=command.node_id)
         return
@@ -63,6 +68,26 @@ def command_finished(*, command: Command) -> None:
             _move(drain, CommandState.FAILED, {"stop": str(command.pk), "run": command.run.name})
         elif _all_stopped(drain):
             _move(drain, CommandState.SUCCEEDED, {"stopped": drain.result.get("runs", [])})
+
+
+def run_state_follow(*, command: Command) -> None:
+    """A succeeded stop makes its run `stopped` once no other stop of the run is still live
+    (a run stopped node by node, as a drain's stops or per-node stops are, is stopped when
+    the last supervisor acked); a succeeded resume makes it `running` again."""
+    if command.run_id is None:
+        return
+    if command.kind == CommandKind.STOP:
+        stops = Command.objects.filter(run_id=command.run_id, kind=CommandKind.STOP)
+        if stops.filter(state__in=LIVE_STATES).exists():
+            return
+        # a run_end from the job going down counts as the stop's from the first stop of
+        # this round (the stops that overlapped this one) on
+        since = stops.filter(
+            state=CommandState.SUCCEEDED, finished_at__gte=command.issued_at
+        ).aggregate(first=Min("issued_at"))["first"]
+        run_mark_stopped(run_id=command.run_id, since=since or command.issued_at)
+    elif command.kind == CommandKind.RESUME:
+        run_mark_running(run_id=command.run_id)
 
 
 def _all_stopped(drain: Command) -> bool:
