@@ -3,7 +3,9 @@
 Protocol (server → client): {"type": "snapshot", "seq": n, "nodes": [...]} then
 {"type": "delta", "seq": n+1, "nodes": [...]}, ...; a client that sees a gap in `seq` sends
 {"type": "resync"} and gets a new snapshot. Deltas carry whole node states, so applying one
-twice is harmless. Consumers never write to the database.
+twice is harmless. Unnumbered, as they happen: {"type": "alert", "alert": {...}} and
+{"type": "command", "command": {...}} (a row of a page's command list, whole: applying one
+twice is harmless too). Consumers never write to the database.
 
 The socket lives no longer than its login: the session is re-checked at most every
 LIVE_SESSION_CHECK_S before a message goes out and on a timer while idle, and the socket is
@@ -85,6 +87,11 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
         """An alert opened, escalated, was acknowledged or resolved (apps.alerts.services)."""
         if await self.session_valid():
             await self.send_json({"type": "alert", "alert": event["alert"]})
+
+    async def command_changed(self, event) -> None:
+        """A command was issued or changed state (apps.commands.services.broadcast)."""
+        if await self.session_valid():
+            await self.send_json({"type": "command", "command": event["command"]})
 
     async def session_valid(self, *, force: bool = False) -> bool:
         """False (and the socket closed with 4401) once the login behind it has ended;

@@ -1,6 +1,7 @@
 // The live feed of the page's clusters: /ws/clusters/<name>/ sends a snapshot, then numbered
-// deltas (a gap in seq asks for a resync) and alert changes. Each message is re-dispatched on
-// `document` as "opsboard:snapshot" / "opsboard:delta" / "opsboard:alert" for the page's scripts.
+// deltas (a gap in seq asks for a resync), alert and command changes. Each message is
+// re-dispatched on `document` as "opsboard:snapshot" / "opsboard:delta" / "opsboard:alert" /
+// "opsboard:command" for the page's scripts.
 (function () {
   "use strict";
   const config = JSON.parse(document.getElementById("live-config").textContent);
@@ -42,6 +43,8 @@
         emit("delta", { cluster, nodes: data.nodes });
       } else if (data.type === "alert") {
         emit("alert", { cluster, alert: data.alert });
+      } else if (data.type === "command") {
+        emit("command", { cluster, command: data.command });
       }
     };
     socket.onclose = () => {

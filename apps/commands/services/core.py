@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from apps.commands.choices import ALLOWED_PREVIOUS, STATE_TIMESTAMP, TERMINAL_STATES
 from apps.commands.models import Command, CommandTransition
+from apps.commands.services.broadcast import command_broadcast_on_commit
 
 
 class CommandConflict(Exception):
@@ -66,6 +67,7 @@ def command_create(
         if found is None:
             raise
         return found, False
+    command_broadcast_on_commit(command_id=command.pk)
     return command, True
 
 
@@ -117,4 +119,6 @@ def command_transition(
         from apps.commands.services.reactions import command_finished
 
         command_finished(command=command)
+    # after command_finished: a drain's node is settled before the page hears of it
+    command_broadcast_on_commit(command_id=command.pk)
     return command, True

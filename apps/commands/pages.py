@@ -1,0 +1,70 @@
+"""What the run and node pages show of commands: the list, and the forms for those allowed
+to press them (apps.dashboard.views adds this to its context; apps.commands.views takes the
+forms' posts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.access.selectors import user_may
+from apps.clusters.choices import NodeState
+from apps.clusters.models import Cluster, Node
+from apps.commands.choices import CommandKind
+from apps.commands.forms import CommandForm, resume_initial
+from apps.commands.rows import command_row
+from apps.commands.selectors import command_list, run_plan
+from apps.runs.models import Run
+
+PAGE_COMMANDS = 50  # newest first; the API lists more
+
+
+def commands_rows(*, cluster: Cluster, run: Run | None = None, node: Node | None = None) -> list:
+    """The newest PAGE_COMMANDS commands of the run (or of the node)."""
+    found = command_list(
+        clusters=Cluster.objects.filter(pk=cluster.pk),
+        run=run.name if run else None,
+        node=node.name if node else None,
+        limit=PAGE_COMMANDS,
+    )
+    return [command_row(command) for command in found]
+
+
+def run_commands_context(*, user: Any, cluster: Cluster, run: Run) -> dict[str, Any]:
+    """The run page's commands, and its forms (checkpoint, stop, resume pre-filled from the
+    plan) when the user may operate on the cluster."""
+    context: dict[str, Any] = {
+        "command_rows": commands_rows(cluster=cluster, run=run),
+        "may_operate": user_may(user=user, cluster=cluster, action="operate"),
+    }
+    if context["may_operate"]:
+        name = run.name
+        context["command_forms"] = {
+            "checkpoint": CommandForm(kind=CommandKind.CHECKPOINT, target_name=name),
+            "stop": CommandForm(kind=CommandKind.STOP, target_name=name),
+            "resume": CommandForm(
+                kind=CommandKind.RESUME,
+                target_name=name,
+                initial=resume_initial(run_plan(run=run)),
+            ),
+        }
+    return context
+
+
+def node_commands_context(*, user: Any, cluster: Cluster, node: Node) -> dict[str, Any]:
+    """The node page's commands, and its forms: cordon or uncordon (whichever applies) and
+    drain, when the user may operate on the cluster."""
+    context: dict[str, Any] = {
+        "command_rows": commands_rows(cluster=cluster, node=node),
+        "may_operate": user_may(user=user, cluster=cluster, action="operate"),
+    }
+    if context["may_operate"]:
+        name = node.name
+        forms = {}
+        if node.state == NodeState.CORDONED:
+            forms["uncordon"] = CommandForm(kind=CommandKind.UNCORDON, target_name=name)
+        elif node.state != NodeState.DRAINING:
+            forms["cordon"] = CommandForm(kind=CommandKind.CORDON, target_name=name)
+        if node.state != NodeState.DRAINING:
+            forms["drain"] = CommandForm(kind=CommandKind.DRAIN, target_name=name)
+        context["command_forms"] = forms
+    return context
