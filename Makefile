@@ -3,17 +3,23 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo run test lint bench evaluate install
+.PHONY: demo run test lint bench evaluate install install-torch
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,agent]'
-	# torch only for the training-loop tests (this pin is the CPU build these machines carry)
+	touch $@
+
+# torch (~1.5 GB) only where a training loop runs: the reporter's tests, the DDP jobs of
+# `make evaluate`, the agent-overhead bench and mypy over opsboard_agent.torchcheck; never
+# for `make demo` / `make run` (this pin is the CPU build these machines carry).
+$(VENV)/.installed-torch: $(VENV)/.installed
 	$(PY) -m pip install -q 'torch==2.13.0'
 	touch $@
 
 install: $(VENV)/.installed
+install-torch: $(VENV)/.installed-torch
 
 demo: install
 	$(PY) -m launcher.stack demo
@@ -24,11 +30,11 @@ run: install
 # Tests serve plain HTTP on loopback: no HTTPS redirect or secure-only cookies there.
 TEST_ENV := SECURE_SSL_REDIRECT=false SESSION_COOKIE_SECURE=false CSRF_COOKIE_SECURE=false
 
-test: install
+test: install-torch
 	$(PY) manage.py collectstatic --noinput -v 0
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
-lint: install
+lint: install-torch
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
@@ -41,12 +47,13 @@ lint: install
 # live stack, replayed and scored: recall, false alarms, time to detect, culprit
 # (docs/evaluation.md). EVALUATE_ARGS="--fault straggler --noise 0.3" for a part of it.
 EVALUATE_ARGS ?= --sensitivity
-evaluate: install
+evaluate: install-torch
 	$(PY) manage.py evaluate_detectors $(EVALUATE_ARGS)
 
-bench: install
+bench: install-torch
 	$(PY) bench/ingest.py                 # as fast as the server answers
 	$(PY) bench/ingest.py --rate 120000   # a paced load: is it sustainable (flat backlog)?
 	$(PY) bench/detectors.py
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/pages.py                  # pages, charts and history selectors over a 72 h run
+	$(PY) bench/commands.py               # 1,000 held long-polls: ingest drop, delivery p99

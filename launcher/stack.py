@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -44,6 +43,30 @@ def service_env() -> tuple[dict[str, str], bool]:
     return environment, embedded
 
 
+# The demo's history is kept for hours, not days (each can still be set in the environment):
+# its 64 GPUs write ~10 MB a minute before compaction, ~70 MB an hour after it.
+DEMO_RETENTION_DAYS = {
+    "HISTORY_RAW_RETENTION_DAYS": 6 / 24,
+    "HISTORY_10S_RETENTION_DAYS": 6 / 24,
+    "HISTORY_1M_RETENTION_DAYS": 1,
+    "HISTORY_10M_RETENTION_DAYS": 1,
+    "HISTORY_1H_RETENTION_DAYS": 1,
+}
+
+
+def stack_environment(command: str) -> tuple[dict[str, str], bool]:
+    """service_env() with the launcher's defaults: warnings-only logs and, for `demo`, its
+    short retention. True if embedded was started."""
+    environment, embedded = service_env()
+    # Warnings and errors only (Django's root logger, Celery): at INFO every ingest task logs
+    # two lines, ~100 a second in the demo, and the printed login scrolls away.
+    environment.setdefault("LOG_LEVEL", "WARNING")
+    if command == "demo":
+        for name, days in DEMO_RETENTION_DAYS.items():
+            environment.setdefault(name, str(days))
+    return environment, embedded
+
+
 def manage(environment: dict[str, str], *args: str, capture: bool = False) -> str:
     done = subprocess.run(
         [sys.executable, "manage.py", *args],
@@ -67,6 +90,7 @@ def server_commands(
     beat_schedule: Path,
     beat_in_worker: bool = False,
     periodic_concurrency: int = 2,
+    log_level: str = "INFO",
 ) -> dict[str, list[str]]:
     """The stack's long-running processes.
 
@@ -77,19 +101,23 @@ def server_commands(
     Two Celery workers: `worker` drains ingest from `queue`, `periodic` runs beat's tasks
     (evaluation, rollups, pruning, compaction, the inbox sweep) from `<queue>.periodic`
     (settings.CELERY_PERIODIC_QUEUE), so an ingest backlog never delays detection.
-    `beat_in_worker` embeds beat in the periodic worker (one process fewer)."""
+    `beat_in_worker` embeds beat in the periodic worker (one process fewer). `log_level` is
+    Celery's (the launcher passes LOG_LEVEL, WARNING by default; the tests keep INFO)."""
     python = sys.executable
+    # Below INFO, the start-up banners go too (they came after the printed login).
+    quiet = [] if log_level.upper() in ("DEBUG", "INFO") else ["--quiet"]
 
     def celery_worker(queues: str, concurrency: int, *extra: str) -> list[str]:
         return [
             python,
             "-m",
             "celery",
+            *quiet,
             "-A",
             "opsboard",
             "worker",
             "--loglevel",
-            "INFO",
+            log_level,
             "--concurrency",
             str(concurrency),
             "--without-mingle",
@@ -140,11 +168,12 @@ def server_commands(
             python,
             "-m",
             "celery",
+            *quiet,
             "-A",
             "opsboard",
             "beat",
             "--loglevel",
-            "INFO",
+            log_level,
             *beat,
         ]
     return commands
@@ -161,29 +190,48 @@ def processes(environment: dict[str, str], args: argparse.Namespace) -> dict[str
         periodic_concurrency=int(environment.get("PERIODIC_WORKER_CONCURRENCY", 2)),
         queue=environment.get("OPSBOARD_REDIS_PREFIX", "opsboard"),
         beat_schedule=var / "celerybeat-schedule",
+        log_level=environment["LOG_LEVEL"],
     )
     if args.command == "demo":
-        commands["simulator"] = simulator_command(environment, args, var)
+        commands["simulator"] = simulator_command(
+            server=f"http://{args.host}:{args.port}",
+            token_file=demo_token(environment, var),
+            spool_dir=var / "demo-spool",
+        )
     return commands
 
 
-def simulator_command(
-    environment: dict[str, str], args: argparse.Namespace, var: Path
-) -> list[str]:
-    """The cluster simulator (real agent code) feeding a demo cluster in real time: 8 nodes
-    × 8 GPUs, two runs, one rank turning into a straggler after two minutes, with the
-    simulator's noise model on (10 % per-step jitter, rare spikes)."""
+def demo_token(environment: dict[str, str], var: Path) -> Path:
+    """A new agent token of the `demo` cluster, in a file only this user reads."""
     token_file = var / "demo-token"
     token_file.write_text(
         manage(environment, "issue_token", "demo", "--name", "simulator", capture=True).strip()
     )
     token_file.chmod(0o600)
+    return token_file
+
+
+# The demo's faults, in simulated seconds from its start (= wall seconds: --speed 1). The
+# README's "What the demo shows" says where each one appears; keep the two in step.
+DEMO_FAULTS = (
+    "straggler:rank=13,at=120,factor=1.35",  # run 0: rank 13 (demo-node-01, GPU 5)
+    "xid:node=5,gpu=3,at=300,code=79",  # demo-node-05 GPU 3 falls off the bus
+    "thermal:node=6,gpu=2,at=480,temp=92,ramp=60",  # run 1: GPU throttles, its rank slows
+    "sdc:run=1,rank=20,mode=param,at=660",  # run 1: rank 20's parameters diverge
+)
+
+
+def simulator_command(*, server: str, token_file: Path, spool_dir: Path) -> list[str]:
+    """The cluster simulator (real agent code) feeding a demo cluster in real time: 8 nodes
+    × 8 GPUs, two runs of 32 ranks, DEMO_FAULTS over its first 12 minutes, with the
+    simulator's noise model on (10 % per-step jitter, rare spikes)."""
+    faults = [argument for fault in DEMO_FAULTS for argument in ("--fault", fault)]
     return [
         sys.executable,
         "-m",
         "opsboard_agent.sim",
         "--server",
-        f"http://{args.host}:{args.port}",
+        server,
         "--token-file",
         str(token_file),
         "--prefix",
@@ -202,21 +250,29 @@ def simulator_command(
         "1",
         "--interval",
         "1",
-        "--fault",
-        "straggler:rank=13,at=120,factor=1.35",
+        *faults,
         # A busy cluster's jitter and spikes, so the demo shows detection under noise.
         "--noise-cv",
         "0.1",
         "--spikes",
         "--spool-dir",
-        str(var / "demo-spool"),
+        str(spool_dir),
     ]
 
 
-def demo_operator(environment: dict[str, str]) -> tuple[str, str]:
-    password = secrets.token_urlsafe(9)
-    manage(environment, "demo_operator", "--username", "operator", "--password", password)
-    return "operator", password
+def demo_login(environment: dict[str, str], url: str) -> str:
+    """The demo operator with a new password, as the box `manage.py demo_operator` prints."""
+    return manage(environment, "demo_operator", "--url", url, capture=True).rstrip()
+
+
+def child_start(
+    commands: dict[str, list[str]], name: str, environment: dict[str, str]
+) -> subprocess.Popen:
+    # The simulator in a session of its own: Ctrl-C (sent to the terminal's whole process
+    # group) reaches it only through the launcher, after the server it delivers to.
+    return subprocess.Popen(
+        commands[name], cwd=ROOT, env=environment, start_new_session=name == "simulator"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,11 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     args.ws_port = args.ws_port or args.port + 1
     os.chdir(ROOT)
 
-    environment, embedded = service_env()
+    environment, embedded = stack_environment(args.command)
     environment["LIVE_WS_PORT"] = str(args.ws_port)  # where the pages open their websocket
     manage(environment, "migrate", "--noinput", "-v", "0")
     manage(environment, "collectstatic", "--noinput", "-v", "0")
-    login = demo_operator(environment) if args.command == "demo" else None
+    url = f"http://{args.host}:{args.port}/"
+    login = demo_login(environment, url) if args.command == "demo" else None
 
     children: dict[str, subprocess.Popen] = {}
     stopping = False
@@ -250,20 +307,20 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         commands = processes(environment, args)
-        for name, command in commands.items():
-            children[name] = subprocess.Popen(command, cwd=ROOT, env=environment)
+        for name in commands.keys() - {"simulator"}:
+            children[name] = child_start(commands, name, environment)
         up = all(
             wait_for_http(f"http://{args.host}:{port}/healthz", give_up=lambda: stopping)
             for port in (args.port, args.ws_port)
         )
+        if up and "simulator" in commands:
+            # once the server answers: its first batches would time out (and warn) before
+            children["simulator"] = child_start(commands, "simulator", environment)
         if up:
-            print(
-                f"\nOpsboard is up: http://{args.host}:{args.port}/ (websockets on port "
-                f"{args.ws_port})",
-                flush=True,
-            )
+            print(f"\nOpsboard is up: {url} (websockets on port {args.ws_port})", flush=True)
         if up and login:
-            print(f"Demo operator login: {login[0]} / {login[1]}\n", flush=True)
+            # last, after the children's start-up output, where a newcomer looks
+            print(f"\n{login}\n", flush=True)
         restarts: list[float] = []
         while not stopping:
             for name, child in list(children.items()):
@@ -279,9 +336,11 @@ def main(argv: list[str] | None = None) -> int:
                     stopping = True
                     break
                 print(f"{name} exited with {child.returncode}; restarting", file=sys.stderr)
-                children[name] = subprocess.Popen(commands[name], cwd=ROOT, env=environment)
+                children[name] = child_start(commands, name, environment)
             time.sleep(0.3)
     finally:
+        # The simulator first, while the server still takes what it has spooled.
+        children_stop([children.pop(name) for name in ("simulator",) if name in children])
         children_stop(children.values())
         if embedded:
             from opsboard.embedded import stop_all

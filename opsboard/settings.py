@@ -236,7 +236,10 @@ ALERT_WEBHOOK_TIMEOUT_S = envfloat("ALERT_WEBHOOK_TIMEOUT_S", 5.0)
 COMMANDS_EXPIRE_AFTER_S = envfloat("COMMANDS_EXPIRE_AFTER_S", 600.0)
 # A delivered command not acknowledged this long goes out again (the agent restarted).
 COMMANDS_REDELIVER_AFTER_S = envfloat("COMMANDS_REDELIVER_AFTER_S", 30.0)
-# How often a held long-poll looks for new commands (bounds delivery latency).
+# Held long-polls wake on a Redis message (apps/commands/wakeups.py); the database is looked
+# at again this often as a safety net (a lost message, a delivery due again, a new node).
+COMMANDS_RECHECK_S = envfloat("COMMANDS_RECHECK_S", 5.0)
+# How often a long-poll served by WSGI looks at the database while Redis is unreachable.
 COMMANDS_POLL_INTERVAL_S = envfloat("COMMANDS_POLL_INTERVAL_S", 0.2)
 COMMANDS_SWEEP_INTERVAL = envfloat("COMMANDS_SWEEP_INTERVAL", 2.0)
 CELERY_BEAT_SCHEDULE["commands-sweep"] = {

@@ -39,6 +39,19 @@ log = logging.getLogger("opsboard_agent")
 
 DEFAULT_SPOOL_DIR = Path.home() / ".local" / "state" / "opsboard-agent" / "spool"
 
+RUN_EPILOG = """\
+token: on the server, `python manage.py issue_token CLUSTER --name NAME` creates the cluster
+if needed and prints a new agent token once; write it to a file only this user can read
+(chmod 600) and pass that file as --token-file. One token serves every node of a cluster.
+
+spool: every batch is written to --spool-dir before it is sent and leaves it once the
+server has it, so nothing is lost while the server is away (at most --spool-max-mb, the
+oldest dropped first). Default: %(spool)s
+
+example:
+  opsboard-agent run --server https://opsboard.example --token-file /etc/opsboard/token
+"""
+
 
 def _env_bool(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
@@ -48,7 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="opsboard-agent", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="collect and ship telemetry until stopped")
+    run = commands.add_parser(
+        "run",
+        help="collect and ship telemetry until stopped",
+        description="Collect this node's telemetry and ship it to an Opsboard server until "
+        "stopped.",
+        epilog=RUN_EPILOG % {"spool": DEFAULT_SPOOL_DIR},
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument(
         "--server",
         default=env("OPSBOARD_SERVER"),
@@ -57,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--token-file",
         default=env("OPSBOARD_TOKEN_FILE"),
-        help="file holding the cluster's agent token",
+        help="file holding the cluster's agent token (from `manage.py issue_token`, below)",
     )
     run.add_argument(
         "--node",
@@ -88,10 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between collections (default 10)",
     )
     run.add_argument(
-        "--spool-dir", type=Path, default=Path(env("OPSBOARD_SPOOL_DIR") or DEFAULT_SPOOL_DIR)
+        "--spool-dir",
+        type=Path,
+        default=Path(env("OPSBOARD_SPOOL_DIR") or DEFAULT_SPOOL_DIR),
+        help="where batches wait until the server has them (default: %(default)s)",
     )
     run.add_argument(
-        "--spool-max-mb", type=float, default=float(env("OPSBOARD_SPOOL_MAX_MB", "256"))
+        "--spool-max-mb",
+        type=float,
+        default=float(env("OPSBOARD_SPOOL_MAX_MB", "256")),
+        help="the spool's size cap; the oldest batches go first (default: %(default)s)",
     )
     run.add_argument(
         "--no-gpu",
