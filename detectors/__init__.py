@@ -54,7 +54,33 @@ def detect_all(
     for detector in DETECTORS:
         for finding in detector(window, now, config):
             found.setdefault((finding.kind, finding.subject), finding)
-    return relate([found[key] for key in sorted(found)])
+    return with_rank_gpus(relate([found[key] for key in sorted(found)]), window)
+
+
+def with_rank_gpus(findings: list[Finding], window: ClusterWindow) -> list[Finding]:
+    """A finding about a rank names the GPU that rank reported from (its newest step row in
+    the window with a `gpu`, on the finding's node): the pages colour that GPU's tile alone.
+    Findings that name a GPU already, or whose rank never named one, stay as they are."""
+    wanted = {(f.run, f.rank) for f in findings if f.rank is not None and f.gpu is None}
+    if not wanted:
+        return findings
+    placed: dict[tuple[str | None, int], tuple[str, int]] = {}
+    for run in window.runs:
+        if not any(key[0] == run.run for key in wanted):
+            continue
+        for row in reversed(run.steps):  # newest first, until every wanted rank is placed
+            if row.gpu is not None and (run.run, row.rank) in wanted:
+                placed.setdefault((run.run, row.rank), (row.node, row.gpu))
+                if len(placed) == len(wanted):
+                    break
+    out = []
+    for finding in findings:
+        if finding.gpu is None and finding.rank is not None:
+            node, gpu = placed.get((finding.run, finding.rank), (None, None))
+            if node is not None and node == finding.node:
+                finding = replace(finding, gpu=gpu)
+        out.append(finding)
+    return out
 
 
 # A slow rank on a node whose GPU is hot or power-capped is most likely slow because of it.

@@ -34,6 +34,7 @@ class StepRow:
     canary_norm: float | None = None
     canary_proj: tuple[float, ...] | None = None
     shard: str | None = None
+    gpu: int | None = None  # the rank's GPU index on its node, when the report named it
 
 
 @dataclass(frozen=True)

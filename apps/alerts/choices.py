@@ -10,6 +10,25 @@ class AlertState(models.TextChoices):
 OPEN_STATES = (AlertState.FIRING, AlertState.ACKNOWLEDGED)
 
 
+class AlertKind(models.TextChoices):
+    """Every kind a detector raises (docs/contract.md lists them; detectors.types.Finding)."""
+
+    STRAGGLER = "straggler"
+    SDC = "sdc"
+    INPUT_BOUND = "input_bound"
+    HANG = "hang"
+    CHECKPOINT_STALE = "checkpoint_stale"
+    CHECKPOINT_UPLOAD = "checkpoint_upload"
+    OOM_RISK = "oom_risk"
+    OOM = "oom"
+    THERMAL = "thermal"
+    POWER = "power"
+    XID = "xid"
+    ECC = "ecc"
+    HEARTBEAT = "heartbeat"
+    FABRIC = "fabric"
+
+
 class Severity(models.TextChoices):
     WARNING = "warning"
     CRITICAL = "critical"

@@ -1,29 +1,31 @@
 from django.urls import path
 
-from apps.dashboard import views
+from apps.dashboard.views import alerts, node, overview, run
 
 RUN = "clusters/<str:cluster>/runs/<str:run>/"
 NODE = "clusters/<str:cluster>/nodes/<str:node>/"
 
 urlpatterns = [
-    path("", views.home, name="home"),
-    path("alerts/", views.alerts_page, name="alerts"),
-    path("alerts/<int:alert_id>/ack", views.alert_ack, name="alert-ack"),
-    path("clusters/<str:cluster>/", views.cluster_overview, name="cluster-overview"),
-    path(RUN, views.run_detail, name="run-detail"),
-    path(NODE, views.node_detail, name="node-detail"),
+    path("", overview.home, name="home"),
+    path("alerts/", alerts.alerts_page, name="alerts"),
+    path("alerts/<int:alert_id>/ack", alerts.alert_ack, name="alert-ack"),
+    path("alerts/<int:alert_id>/", alerts.alert_detail, name="alert-detail"),
+    path("clusters/<str:cluster>/", overview.cluster_overview, name="cluster-overview"),
+    path(RUN, run.run_detail, name="run-detail"),
+    path(f"{RUN}ranks/<int:rank>/", run.rank_detail, name="rank-detail"),
+    path(NODE, node.node_detail, name="node-detail"),
 ]
 for fmt in ("json", "csv"):
     urlpatterns += [
         path(
             f"{RUN}charts/<slug:chart>.{fmt}",
-            views.run_chart,
+            run.run_chart,
             {"fmt": fmt},
             name=f"run-chart-{fmt}",
         ),
         path(
             f"{NODE}charts/<slug:chart>.{fmt}",
-            views.node_chart,
+            node.node_chart,
             {"fmt": fmt},
             name=f"node-chart-{fmt}",
         ),

@@ -118,6 +118,8 @@ class Step(Record):
     param_checksum: Checksum | None = None
     canary: Canary | None = None
     shard: Shard | None = None
+    # the rank's GPU index on its node (an extension: ties the rank to that GPU's tile)
+    gpu: Gpu | None = None
 
 
 class Event(Record):

@@ -59,6 +59,9 @@ class StepReport(models.Model):
     canary_norm = models.FloatField(null=True)
     canary_proj = ArrayField(models.FloatField(), null=True)
     shard = models.CharField(max_length=128, null=True)
+    # the rank's GPU index on its node, when the reporter knows it (ties the rank to that
+    # GPU's telemetry and tile)
+    gpu = models.SmallIntegerField(null=True)
 
     class Meta:
         indexes = [

@@ -177,3 +177,107 @@ def event_row(event: RunEvent, names: dict[int, str]) -> EventRow:
         gpu=event.gpu,
         data=event.data,
     )
+
+
+# Where each rank ran: read over this many of the run's last steps, so that a rank that
+# stopped reporting a while ago (the one that hangs) is still placed.
+PLACE_STEPS = 100
+
+
+def run_rank_places(*, run: Run) -> dict[int, tuple[str, int | None]]:
+    """rank → (node name, GPU index or None) from each rank's newest report in the run's
+    last PLACE_STEPS steps (a report that named its GPU wins over a newer one that did not).
+    One query on the (run_id, step) index."""
+    if run.last_step is None:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT ON (s.rank) s.rank, n.name, s.gpu FROM runs_stepreport s"
+            " JOIN clusters_node n ON n.id = s.node_id WHERE s.run_id = %s AND s.step > %s"
+            " ORDER BY s.rank, s.gpu IS NULL, s.step DESC",
+            [run.id, run.last_step - PLACE_STEPS],
+        )
+        return {rank: (node, gpu) for rank, node, gpu in cursor.fetchall()}
+
+
+def rank_label(rank: int, place: tuple[str, int | None] | None) -> str:
+    """The rank, its node and GPU as far as they are known: "r13 · node-01 · gpu5"."""
+    parts = [f"r{rank}"]
+    if place is not None:
+        parts.append(place[0])
+        if place[1] is not None:
+            parts.append(f"gpu{place[1]}")
+    return " · ".join(parts)
+
+
+RANK_STAGES = ("data_time", "h2d_time", "compute_time", "comm_wait", "step_time")
+_RANK_STAGE_MEANS = ", ".join(f"avg({stage}) AS {stage}" for stage in RANK_STAGES)
+_RANK_VS_PEERS = ", ".join(
+    f"avg({s}) FILTER (WHERE rank = %(rank)s),"
+    f" percentile_cont(0.5) WITHIN GROUP (ORDER BY {s}) FILTER (WHERE rank <> %(rank)s)"
+    for s in RANK_STAGES
+)
+# Per bucket, each rank's mean of every stage; then this rank's and the other ranks' median.
+_RANK_STAGES_SQL = f"""
+WITH per_rank AS (
+    SELECT floor((extract(epoch FROM ts)::float8 - %(start)s) / %(width)s)::int AS i, rank,
+           {_RANK_STAGE_MEANS}
+    FROM runs_stepreport
+    WHERE run_id = %(run)s AND ts >= to_timestamp(%(start)s) AND ts < to_timestamp(%(end)s)
+    GROUP BY 1, 2
+)
+SELECT i, count(*) FILTER (WHERE rank <> %(rank)s), {_RANK_VS_PEERS}
+FROM per_rank GROUP BY i ORDER BY i
+"""
+
+
+def rank_stage_history(
+    *, run: Run, rank: int, start: float, end: float, buckets: int = 120
+) -> dict[str, Any]:
+    """The rank's step split over [start, end) against its peers: per time bucket (about
+    `buckets` of them, at least 1 s wide) the rank's mean of each of RANK_STAGES and the
+    median over the run's other ranks of their own means, with how many peers reported.
+    Buckets where nobody reported are left out. Raw reports on the (run_id, ts) index: the
+    caller bounds the range. One query."""
+    width = max(1.0, math.ceil((end - start) / max(1, buckets)))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RANK_STAGES_SQL,
+            {"run": run.id, "rank": rank, "start": start, "end": end, "width": width},
+        )
+        rows = cursor.fetchall()
+    out: dict[str, Any] = {
+        "resolution_s": width,
+        "ts": [start + row[0] * width for row in rows],
+        "peers": [row[1] for row in rows],
+        "rank": {stage: [] for stage in RANK_STAGES},
+        "median": {stage: [] for stage in RANK_STAGES},
+    }
+    for row in rows:
+        for index, stage in enumerate(RANK_STAGES):
+            out["rank"][stage].append(_round6(row[2 + 2 * index]))
+            out["median"][stage].append(_round6(row[3 + 2 * index]))
+    return out
+
+
+def run_names_by_node(*, runs: list[Run]) -> dict[int, list[str]]:
+    """node id → the names of the given runs whose ranks reported from it over their last
+    NODES_STEPS steps (the overview's cards). One query (none without runs)."""
+    stepped = [run.id for run in runs if run.last_step is not None]
+    if not stepped:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT s.node_id, r.name FROM runs_run r CROSS JOIN LATERAL ("
+            " SELECT node_id FROM runs_stepreport WHERE run_id = r.id AND step > r.last_step - %s"
+            ") s WHERE r.id = ANY(%s) ORDER BY 1, 2",
+            [NODES_STEPS, stepped],
+        )
+        out: dict[int, list[str]] = {}
+        for node_id, name in cursor.fetchall():
+            out.setdefault(node_id, []).append(name)
+        return out
+
+
+def _round6(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)

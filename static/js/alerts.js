@@ -9,6 +9,8 @@
     row.querySelector(".severity").textContent = alert.severity;
     row.querySelector(".summary").firstChild.textContent = alert.summary;
     if (alert.state !== "firing") row.querySelector(".ack").replaceChildren();
+    const age = row.querySelector(".age");  // "firing for …" no longer holds once resolved
+    if (age && alert.state === "resolved") age.textContent = "resolved";
   }
 
   document.addEventListener("opsboard:alert", (event) => {

@@ -1,5 +1,5 @@
 // GPU tiles coloured by health, live from the websocket: the cluster overview's grid (with
-// counts and the state filter), or one node's tiles on its page. The colour rules mirror apps/dashboard/selectors.py (node_tiles, gpu_health); their
+// counts and the state filter), or one node's tiles on its page. The colour rules mirror apps/dashboard/selectors/health.py (node_tiles, gpu_health); their
 // thresholds come from the server in page-data.rules.
 (function () {
   "use strict";
@@ -26,6 +26,13 @@
     return "ok";
   }
 
+  // selectors.alert_colours_gpu: the GPU an alert names alone; none for a rank's alert whose
+  // GPU is unknown; every GPU for a node-wide one.
+  function coloursGpu(alert, gpu) {
+    if (alert.gpu !== null && alert.gpu !== undefined) return alert.gpu === gpu;
+    return alert.rank === null || alert.rank === undefined;
+  }
+
   function tiles(node) {
     const now = Date.now() / 1000;
     const mine = [...alerts.values()].filter((a) => a.node === node.node && OPEN.includes(a.state));
@@ -44,7 +51,7 @@
       else if (!values) state = "nodata";
       else {
         state = gpuHealth(values);
-        mine.filter((a) => a.gpu === null || a.gpu === gpu).forEach((a) => { state = worse(state, a.severity); });
+        mine.filter((a) => coloursGpu(a, gpu)).forEach((a) => { state = worse(state, a.severity); });
       }
       out.push({ gpu, state, values: values || {} });
     }
@@ -76,7 +83,7 @@
     const element = document.createElement("div");
     element.className = "node-card"; element.dataset.node = node.node;
     const name = document.createElement("a");
-    name.className = "node-name"; name.href = nodeHref(node); name.textContent = node.node;
+    name.className = "node-name"; name.href = nodeHref(node); name.textContent = node.node; name.tabIndex = -1;
     const box = document.createElement("div"); box.className = "tiles";
     element.append(name, box);
     grid.appendChild(element);
@@ -87,25 +94,98 @@
     const element = card(node);
     if (!element) return;
     element.dataset.nodeState = node.state;
+    badge(element, node.state);
     const box = element.classList.contains("tiles") ? element : element.querySelector(".tiles");
     tiles(node).forEach((tile) => {
       let a = box.children[tile.gpu];
-      if (!a) { a = document.createElement("a"); a.className = "tile"; a.href = nodeHref(node); box.appendChild(a); }
+      if (!a) { a = document.createElement("a"); a.className = "tile"; a.href = nodeHref(node); a.tabIndex = -1; box.appendChild(a); }
       a.dataset.gpu = String(tile.gpu); a.dataset.state = tile.state;
       a.title = describe(node, tile); a.setAttribute("aria-label", a.title);
     });
   }
 
+  // Cordoned and draining nodes are out of run plans: a badge on the card says which.
+  function badge(element, state) {
+    if (!element.classList.contains("node-card")) return;
+    let mark = element.querySelector(".node-badge");
+    if (!mark) { mark = document.createElement("span"); mark.className = "node-badge"; element.querySelector(".node-name").after(mark); }
+    mark.dataset.nodeState = state; mark.textContent = state;
+    mark.hidden = state !== "cordoned" && state !== "draining";
+  }
+
   function counts() {
     if (!grid) return;
+    const states = [...nodes.values()].map((n) => n.state);
+    document.getElementById("count-cordoned").textContent = states.filter((s) => s === "cordoned").length;
+    document.getElementById("count-draining").textContent = states.filter((s) => s === "draining").length;
     document.getElementById("count-gpus").textContent = grid.querySelectorAll(".tile").length;
     document.getElementById("count-healthy").textContent = grid.querySelectorAll('.tile[data-state="ok"]').length;
     document.getElementById("count-firing").textContent = [...alerts.values()].filter((a) => a.state === "firing").length;
   }
 
-  function renderAll() { nodes.forEach(render); counts(); }
+  function renderAll() { nodes.forEach(render); counts(); filterGrid(); }
 
-  function apply(list) { list.forEach((node) => { nodes.set(node.node, node); render(node); }); counts(); }
+  function apply(list) { list.forEach((node) => { nodes.set(node.node, node); render(node); }); counts(); filterGrid(); }
+
+  // --- finding nodes: a text box (node or run name) and state chips; the grid is one tab
+  // stop (a roving tabindex over the shown cards' names: arrows, Home, End) -------------
+  const search = document.getElementById("node-search");
+  const empty = document.getElementById("node-grid-empty");
+  const shownCount = document.getElementById("node-shown");
+  const runsOf = new Map(Object.entries(page.node_runs || {}));
+
+  function cards() { return grid ? [...grid.querySelectorAll(".node-card")] : []; }
+
+  function matches(element, text, state) {
+    const name = element.dataset.node;
+    const named = !text || name.toLowerCase().includes(text) ||
+      (runsOf.get(name) || []).some((run) => run.toLowerCase().includes(text));
+    return named && (!state || element.querySelector(`.tile[data-state="${state}"]`) !== null);
+  }
+
+  function filterGrid() {
+    if (!grid || !search) return;
+    const text = search.value.trim().toLowerCase(), state = grid.dataset.filter || "";
+    const all = cards();
+    let shown = 0;
+    all.forEach((element) => { element.hidden = !matches(element, text, state); if (!element.hidden) shown++; });
+    const terms = [search.value.trim(), state].filter(Boolean).map((term) => `'${term}'`);
+    empty.hidden = shown > 0 || all.length === 0;
+    empty.textContent = `No nodes match ${terms.join(" and ")}.`;
+    shownCount.textContent = terms.length && all.length ? `${shown} of ${all.length} nodes` : "";
+    rove(null);
+  }
+
+  function stops() { return cards().filter((element) => !element.hidden).map((element) => element.querySelector(".node-name")); }
+
+  // Exactly one shown card's name is tabbable: `to` (when given), else the one that was.
+  function rove(to) {
+    const names = stops();
+    const current = to || names.find((name) => name.tabIndex === 0) || names[0];
+    grid.querySelectorAll(".node-name").forEach((name) => { name.tabIndex = name === current ? 0 : -1; });
+    return current;
+  }
+
+  function columns(names) {
+    const top = names.length ? names[0].offsetTop : 0;
+    return Math.max(1, names.filter((name) => name.offsetTop === top).length);
+  }
+
+  if (grid) {
+    grid.addEventListener("keydown", (event) => {
+      const names = stops(), at = names.indexOf(document.activeElement);
+      if (at < 0) return;
+      const step = { ArrowRight: 1, ArrowLeft: -1, ArrowDown: columns(names), ArrowUp: -columns(names) }[event.key];
+      let next = step === undefined ? null : Math.min(names.length - 1, Math.max(0, at + step));
+      if (event.key === "Home") next = 0;
+      if (event.key === "End") next = names.length - 1;
+      if (next === null) return;
+      event.preventDefault();
+      rove(names[next]).focus();
+    });
+    grid.addEventListener("focusin", (event) => { if (event.target.classList.contains("node-name")) rove(event.target); });
+  }
+  if (search) search.addEventListener("input", filterGrid);
 
   document.addEventListener("opsboard:snapshot", (event) => apply(event.detail.nodes));
   document.addEventListener("opsboard:delta", (event) => apply(event.detail.nodes));
@@ -117,6 +197,7 @@
     button.addEventListener("click", () => {
       grid.dataset.filter = button.dataset.filter;
       document.querySelectorAll(".state-filter button").forEach((b) => b.setAttribute("aria-pressed", String(b === button)));
+      filterGrid();
     });
   });
   renderAll();

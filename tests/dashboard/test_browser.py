@@ -2,6 +2,7 @@
 agent code) through the live stack: every chart is drawn with data, a straggler shows in the
 heat-map and as an alert, and an acknowledgement reaches another open browser."""
 
+import re
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -54,11 +55,13 @@ def wait_drawn(page, charts) -> None:
 def heatmap_rows(page) -> dict[int, float]:
     trace = page.evaluate(
         "() => { const t = document.getElementById('chart-step_time').data[0];"
-        " return {y: Array.from(t.y), z: t.z.map((row) => Array.from(row))}; }"
+        " return {ranks: t.meta.ranks, y: Array.from(t.y), z: t.z.map((row) => Array.from(row))}; }"
     )
+    # the simulator sends each rank's GPU: every row is labelled with its node and GPU
+    assert all(re.fullmatch(r"r\d+ · \S+ · gpu\d+", label) for label in trace["y"]), trace["y"]
     return {
-        int(rank): statistics.mean(v for v in row if v is not None)
-        for rank, row in zip(trace["y"], trace["z"], strict=True)
+        rank: statistics.mean(v for v in row if v is not None)
+        for rank, row in zip(trace["ranks"], trace["z"], strict=True)
     }
 
 
@@ -113,9 +116,9 @@ def test_the_run_page_shows_a_straggler_and_an_acknowledgement_reaches_other_bro
     )
     agent.http.close()
 
-    # the range picker refetches the chart and its export links follow
+    # the page's range picker refetches the charts and their export links follow
     panel = watcher.page.locator('.chart-panel[data-chart="loss"]')
-    panel.locator('button[data-range="15m"]').click()
+    watcher.page.locator('#time-range button[data-range="15m"]').click()
     watcher.page.wait_for_function(
         "() => document.querySelector('[data-chart=loss]').dataset.loading === 'false'"
     )

@@ -20,8 +20,13 @@ def test_the_json_export_is_the_figure_for_the_range(cluster, client_in):
     assert body["end"] - body["start"] == pytest.approx(900 + 300)  # and 5 min ahead
     assert body["end"] >= before + 300
     heatmap = body["figure"]["data"][0]
-    assert heatmap["y"] == list(range(8))
-    assert all(value == pytest.approx(0.64) for row in heatmap["z"] for value in row if value)
+    assert heatmap["meta"]["ranks"] == list(range(8))
+    assert [label.split(" · ")[0] for label in heatmap["y"]] == [f"r{rank}" for rank in range(8)]
+    # every rank as fast as the median: 0.64 s each, 1.0 × the median
+    assert all(
+        value == pytest.approx(0.64) for row in heatmap["customdata"] for value in row if value
+    )
+    assert all(value == pytest.approx(1.0) for row in heatmap["z"] for value in row if value)
 
 
 def test_the_csv_export_holds_the_points_of_the_json_export(cluster, client_in):

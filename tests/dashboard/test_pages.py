@@ -73,7 +73,8 @@ def test_the_run_page_hands_every_figure_over_with_data(cluster, client_in):
     throughput = json_script(html, "figure-throughput")
     assert any(v for v in throughput["data"][0]["y"] if v)
     heatmap = json_script(html, "figure-step_time")["data"][0]
-    assert heatmap["type"] == "heatmap" and heatmap["y"] == list(range(8))
+    assert heatmap["type"] == "heatmap" and heatmap["meta"]["ranks"] == list(range(8))
+    assert heatmap["y"] == [f"r{rank} · node-0{rank // 4}" for rank in range(8)]  # no gpu sent
     stages = json_script(html, "figure-stages")["data"]
     assert [trace["name"] for trace in stages] == [
         "data loading", "host-to-device", "compute", "collective wait"

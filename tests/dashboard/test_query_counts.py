@@ -25,9 +25,9 @@ def xid_alerts(cluster, nodes: int) -> None:
 
 # Pinned: a change here is a change in how the page reads (session and user included).
 PAGES = {
-    "overview": ("/clusters/{c}/", 9),  # + ended runs, the detectors' last pass
-    "run": ("/clusters/{c}/runs/" + RUN + "/", 19),
-    "node": ("/clusters/{c}/nodes/node-00/", 18),
+    "overview": ("/clusters/{c}/", 10),  # + ended runs, the detectors' last pass, runs per node
+    "run": ("/clusters/{c}/runs/" + RUN + "/", 23),  # + its commands, the plan (2), rank places
+    "node": ("/clusters/{c}/nodes/node-00/", 20),  # + its commands, its runs and ranks
     "alerts": ("/alerts/?cluster={c}", 5),
 }
 

@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from apps.dashboard import selectors
+from apps.dashboard.selectors.ranges import time_range
+from apps.dashboard.selectors.runs import rank_busy_history, run_began, run_span
 from apps.runs.models import Run
 from tests.dashboard.conftest import RUN
 
@@ -14,9 +15,9 @@ pytestmark = pytest.mark.django_db
 def test_the_heatmap_keeps_only_buckets_with_reports_at_any_range(cluster):
     run = Run.objects.get(cluster=cluster, name=RUN)
     now = time.time()
-    narrow = selectors.rank_busy_history(run=run, start=now - 60, end=now + 1)
+    narrow = rank_busy_history(run=run, start=now - 60, end=now + 1)
     assert narrow["resolution_s"] == 1 and 9 <= len(narrow["ts"]) <= 11  # 10 one-second steps
-    week = selectors.rank_busy_history(run=run, start=now - 7 * 86400, end=now + 1)
+    week = rank_busy_history(run=run, start=now - 7 * 86400, end=now + 1)
     assert week["resolution_s"] == 7200 and len(week["ts"]) == 1  # not 84 empty columns
     assert week["ranks"] == narrow["ranks"] == list(range(8))
     cells = [value for row in week["z"] for value in row if value is not None]
@@ -26,10 +27,10 @@ def test_the_heatmap_keeps_only_buckets_with_reports_at_any_range(cluster):
 def test_the_run_span_is_the_part_of_the_range_with_steps(cluster):
     run = Run.objects.get(cluster=cluster, name=RUN)
     now = time.time()
-    began = selectors.run_began(run)
+    began = run_began(run)
     assert now - 11 < began < now - 8  # the first of 10 one-second steps
-    day = selectors.time_range(key="24h", now=now, began=began)
-    start, end = selectors.run_span(run=run, tr=day, began=began)
+    day = time_range(key="24h", now=now, began=began)
+    start, end = run_span(run=run, tr=day, began=began)
     assert start == began and end == pytest.approx(run.last_step_at.timestamp() + 1)
-    whole = selectors.time_range(key="all", now=now, began=began)
+    whole = time_range(key="all", now=now, began=began)
     assert whole.start == pytest.approx(now - 60)  # at least a minute, even for a new run

@@ -1,0 +1,133 @@
+"""Per-rank figures: the run page's heat-map of every rank against the median rank, and the
+rank page's parts of one rank's step against the median of its peers."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from apps.dashboard.charts.base import chart_layout, line_trace, ms
+from apps.dashboard.selectors.ranges import TimeRange
+from apps.dashboard.selectors.runs import rank_busy_history
+from apps.runs.models import Run
+from apps.runs.selectors import rank_label, rank_stage_history, run_rank_places
+
+if TYPE_CHECKING:  # run.py registers the heat-map among the run charts
+    from apps.dashboard.charts.run import RunContext
+
+HEATMAP_BUCKETS = 120
+# The heat-map: light where a rank works as long as the median rank, dark red where it is
+# slow (Plotly's own "YlOrRd" runs the other way: healthy ranks were a dark-red wall).
+SLOW_IS_HOT = [[0.0, "#ffffcc"], [0.25, "#fed976"], [0.5, "#fd8d3c"], [0.75, "#e31a1c"],
+               [1.0, "#800026"]]  # fmt: skip
+# The colour range runs over these percentiles of the ratios (one outlier cell must not
+# wash out the rest), and at least this far either side of the median (noise stays pale).
+HEATMAP_PERCENTILES = (2, 98)
+HEATMAP_MIN_SPREAD = 0.1
+HEATMAP_ROW_PX = 14
+HEATMAP_LABELLED_ROWS = 64  # every rank labelled up to this many rows, else a stride
+
+
+def step_time_figure(ctx: RunContext, tr: TimeRange) -> dict:
+    """Per rank and time bucket: the rank's step time less collective wait over the median
+    rank's in that bucket (1.0 = the median; a straggler runs hot). Rows are labelled with
+    the rank's node and GPU; meta.ranks names each row's rank (a click opens its page)."""
+    start, end = ctx.span(tr)
+    busy = rank_busy_history(run=ctx.run, start=start, end=end, max_points=HEATMAP_BUCKETS)
+    places = run_rank_places(run=ctx.run)
+    labels = [rank_label(rank, places.get(rank)) for rank in busy["ranks"]]
+    ratios = _ratios_to_median(busy["z"])
+    zmin, zmax = _robust_range(ratios)
+    trace = {
+        "type": "heatmap",
+        "name": "step time less collective wait ÷ median rank",
+        "x": [ms(t) for t in busy["ts"]],
+        "y": labels,
+        "z": ratios,
+        "customdata": busy["z"],
+        "zmin": zmin,
+        "zmax": zmax,
+        "colorscale": SLOW_IS_HOT,
+        "colorbar": {"title": {"text": "× median"}},
+        "hoverongaps": False,
+        "hovertemplate": "%{y}<br>%{x|%Y-%m-%d %H:%M:%S}<br>"
+        "%{customdata:.3f} s per step less collective wait<br>"
+        "%{z:.2f} × the median rank<extra></extra>",
+        "meta": {"ranks": busy["ranks"]},
+    }
+    layout = chart_layout("Per-rank step time less collective wait, ÷ median rank", "time", "", tr)
+    stride = max(1, math.ceil(len(labels) / HEATMAP_LABELLED_ROWS))
+    layout["yaxis"].update(
+        type="category", autorange="reversed", automargin=True, tickmode="array",
+        tickvals=labels[::stride], ticktext=labels[::stride],
+    )  # fmt: skip
+    rows = min(len(labels), HEATMAP_LABELLED_ROWS)
+    layout["height"] = max(layout["height"], rows * HEATMAP_ROW_PX + 140)
+    return {"data": [trace], "layout": layout}
+
+
+def _ratios_to_median(z: list[list[float | None]]) -> list[list[float | None]]:
+    """Each cell over the median of its column (the ranks in one time bucket): a slowdown of
+    every rank at once (a checkpoint) is no rank's fault and stays pale."""
+    columns = list(zip(*z, strict=True)) if z else []
+    medians = [_median([v for v in column if v is not None]) for column in columns]
+    return [
+        [
+            round(v / m, 4) if v is not None and m else None
+            for v, m in zip(row, medians, strict=True)
+        ]
+        for row in z
+    ]
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered, middle = sorted(values), len(values) // 2
+    return ordered[middle] if len(values) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _robust_range(ratios: list[list[float | None]]) -> tuple[float, float]:
+    """zmin, zmax: HEATMAP_PERCENTILES of the ratios, widened to HEATMAP_MIN_SPREAD around 1."""
+    values = sorted(v for row in ratios for v in row if v is not None)
+    low, high = 1.0, 1.0
+    if values:
+        low = values[int((len(values) - 1) * HEATMAP_PERCENTILES[0] / 100)]
+        high = values[math.ceil((len(values) - 1) * HEATMAP_PERCENTILES[1] / 100)]
+    return min(low, 1 - HEATMAP_MIN_SPREAD), max(high, 1 + HEATMAP_MIN_SPREAD)
+
+
+# The rank page: each part of the rank's step against the median of the other ranks.
+RANK_STAGE_TITLES = {
+    "compute_time": "compute",
+    "comm_wait": "collective wait",
+    "data_time": "data loading",
+    "h2d_time": "host-to-device",
+    "step_time": "whole step",
+}
+
+
+def rank_stage_figures(run: Run, rank: int, tr: TimeRange) -> dict[str, dict]:
+    """One figure per part of the step (RANK_STAGE_TITLES) the run reports: rank `rank`'s
+    mean per time bucket against the median of its peers' means."""
+    history = rank_stage_history(run=run, rank=rank, start=tr.start, end=tr.end)
+    figures = {}
+    for stage, title in RANK_STAGE_TITLES.items():
+        mine, median = history["rank"][stage], history["median"][stage]
+        if not any(v is not None for v in mine + median) and stage != "step_time":
+            continue  # a part the reports leave out
+        figures[stage] = {
+            "data": [
+                line_trace(f"rank {rank}", history["ts"], mine, line={"color": "#c0392b"}),
+                line_trace(
+                    "median of the other ranks",
+                    history["ts"],
+                    median,
+                    line={"color": "#57606a", "dash": "dot"},
+                ),
+            ],  # fmt: skip
+            "layout": chart_layout(f"{title}: rank {rank} against its peers", "time", "s", tr),
+        }
+        # from zero: a constant gap reads as its size, not as noise blown up to full height
+        figures[stage]["layout"]["yaxis"]["rangemode"] = "tozero"
+    return figures

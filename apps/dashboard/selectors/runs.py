@@ -1,0 +1,179 @@
+"""A run's reads for its page and charts: the run, when it began, the runs of the overview,
+checksum agreement per checked step, checkpoint events, and per-rank step history."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+
+from apps.clusters.models import Cluster
+from apps.dashboard.selectors.ranges import TimeRange
+from apps.history.selectors import run_rank_history
+from apps.runs.choices import ENDED_STATES, RunState
+from apps.runs.models import CHECKED, Run, RunEvent, StepReport
+from detectors.config import DEFAULT_CONFIG
+from detectors.sdc import minority_canary, minority_exact
+from detectors.types import StepRow
+
+CHECKED_STEPS_MAX = 200
+
+
+def run_began(run: Run) -> float:
+    """When the run began: its creation, or its first step report when an agent delivered
+    older reports (a spooled backlog) than that. One query on the (run, step) index."""
+    first = StepReport.objects.filter(run=run).order_by("step").values_list("ts", flat=True)[:1]
+    began = run.created_at.timestamp()
+    return min([began, *(ts.timestamp() for ts in first)])
+
+
+def run_of(*, cluster: Cluster, name: str) -> Run | None:
+    return Run.objects.filter(cluster=cluster, name=name).first()
+
+
+def running_runs(*, cluster: Cluster, now: float) -> list[Run]:
+    """Runs in state running that stepped within the alerts' idle limit (or just began)."""
+    recent = datetime.fromtimestamp(now - settings.ALERT_IDLE_S, UTC)
+    return list(
+        Run.objects.filter(cluster=cluster, state=RunState.RUNNING)
+        .filter(Q(last_step_at__gte=recent) | Q(last_step_at__isnull=True, created_at__gte=recent))
+        .order_by("name")
+    )
+
+
+def ended_runs(*, cluster: Cluster, now: float) -> list[Run]:
+    """Runs that ended (run_end: finished or failed) within the alerts' idle limit, newest
+    end first: the overview lists them apart from the running ones."""
+    recent = datetime.fromtimestamp(now - settings.ALERT_IDLE_S, UTC)
+    return list(
+        Run.objects.filter(cluster=cluster, state__in=ENDED_STATES, ended_at__gte=recent).order_by(
+            "-ended_at", "name"
+        )
+    )
+
+
+def checksum_agreement(
+    *, run: Run, start: float, end: float, limit: int = CHECKED_STEPS_MAX
+) -> list[dict[str, Any]]:
+    """Per checked step (newest `limit` in the range, oldest first): how many ranks reported a
+    check and which disagreed with their shard's majority — by gradient checksum, parameter
+    checksum or canary (the rules of detectors.sdc, so the page names the ranks an alert
+    names). One query."""
+    rows = list(
+        StepReport.objects.filter(
+            run=run,
+            ts__gte=datetime.fromtimestamp(start, UTC),
+            ts__lt=datetime.fromtimestamp(end, UTC),
+        )
+        .filter(CHECKED)  # the partial index stepreport_run_checked
+        .order_by("-step", "rank")
+        .values_list(
+            "step",
+            "ts",
+            "rank",
+            "shard",
+            "grad_checksum",
+            "param_checksum",
+            "canary_norm",
+            "canary_proj",
+        )[: limit * max(run.world_size, 1)]
+    )
+    groups: dict[int, dict[str | None, dict[int, StepRow]]] = defaultdict(lambda: defaultdict(dict))
+    times: dict[int, float] = {}
+    for step, ts, rank, shard, grad, param, norm, proj in rows:
+        groups[step][shard][rank] = StepRow(
+            node="", rank=rank, step=step, ts=ts.timestamp(), step_time=0.0,
+            grad_checksum=grad, param_checksum=param, canary_norm=norm,
+            canary_proj=tuple(proj) if proj else None, shard=shard,
+        )  # fmt: skip
+        times[step] = max(times.get(step, 0.0), ts.timestamp())
+    return [_step_agreement(step, times[step], groups[step]) for step in sorted(groups)[-limit:]]
+
+
+def _step_agreement(step: int, ts: float, shards: dict[str | None, dict[int, StepRow]]) -> dict:
+    rtol = DEFAULT_CONFIG.sdc_canary_rtol
+    out: dict[str, Any] = {
+        "step": step,
+        "ts": ts,
+        "ranks": 0,
+        "grad": [],
+        "param": [],
+        "canary": [],
+    }
+    for rows in shards.values():
+        out["ranks"] += len(rows)
+        out["grad"] += minority_exact({r: row.grad_checksum for r, row in rows.items()})[0]
+        out["param"] += minority_exact({r: row.param_checksum for r, row in rows.items()})[0]
+        out["canary"] += minority_canary(rows, rtol)[0]
+    out["shards"] = sorted(s or "" for s in shards)
+    for check in ("grad", "param", "canary"):
+        out[check] = sorted(out[check])
+    return out
+
+
+def checkpoint_events(*, run: Run, start: float, end: float) -> list[dict[str, Any]]:
+    """The run's checkpoint events in the range, oldest first, with the contract's fields."""
+    events = RunEvent.objects.filter(
+        run=run,
+        kind="checkpoint",
+        ts__gte=datetime.fromtimestamp(start, UTC),
+        ts__lt=datetime.fromtimestamp(end, UTC),
+    ).order_by("ts", "id")
+    return [
+        {
+            "ts": event.ts.timestamp(),
+            "step": event.step,
+            "tier": event.data.get("tier"),
+            "state": event.data.get("state"),
+            "path": event.data.get("path"),
+            "bytes": event.data.get("bytes"),
+            "duration": event.data.get("duration"),
+        }
+        for event in events
+    ]
+
+
+def checkpoint_reported(*, run: Run) -> bool:
+    """Whether the run ever reported a checkpoint event (an empty chart says which: none in
+    the range, or none yet). One query."""
+    return RunEvent.objects.filter(run=run, kind="checkpoint").exists()
+
+
+def run_span(*, run: Run, tr: TimeRange, began: float) -> tuple[float, float]:
+    """The part of the range in which the run has steps (from `began`, its first report, to
+    its last step), so that the step charts of a short run get a fine resolution."""
+    last = run.last_step_at.timestamp() + 1 if run.last_step_at else tr.end
+    start, end = max(tr.start, began), min(tr.end, last)
+    return (start, end) if start < end else (tr.start, tr.end)
+
+
+def rank_busy_history(
+    *, run: Run, start: float, end: float, max_points: int = 120
+) -> dict[str, Any]:
+    """Per rank and time bucket: the mean step time less collective wait (the rank's own
+    work). In synchronous training every rank's step_time is the same — the fast ranks wait
+    in the all-reduce for the slow one — so it is this time, not step_time, in which a
+    straggler stands out. From apps.history (rollups, raw data after the last pass): {"ts":
+    bucket starts, "ranks": [...], "z": rank × bucket (None where a rank reported nothing),
+    "resolution_s"}, without the buckets where no rank reported."""
+    history = run_rank_history(run_id=run.id, start=start, end=end, max_points=max_points)
+    used = [i for i in range(len(history.ts)) if any(row[i] is not None for row in history.busy)]
+    z = [[_rounded(row[i]) for i in used] for row in history.busy]
+    return {
+        "ts": [history.ts[i] for i in used],
+        "ranks": history.ranks,
+        "z": z,
+        "resolution_s": history.resolution_s,
+    }
+
+
+def _rounded(value: Any) -> float | None:
+    """A mean to 6 places; None where there is none or it is not a finite number (Postgres's
+    json writes a non-finite one as the string "Infinity" or "NaN")."""
+    if isinstance(value, int | float) and math.isfinite(value):
+        return round(value, 6)
+    return None

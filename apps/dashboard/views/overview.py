@@ -1,0 +1,71 @@
+"""The home page (the clusters a user may see) and a cluster's overview."""
+
+from __future__ import annotations
+
+import time
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET
+
+from apps.access.selectors import clusters_visible
+from apps.alerts.choices import AlertState
+from apps.alerts.selectors import alert_json, detector_pass_status
+from apps.clusters.choices import NodeState
+from apps.dashboard.selectors.alerts import OVERVIEW_ALERTS, open_alerts
+from apps.dashboard.selectors.health import HEALTH_RULES, TILE_STATES
+from apps.dashboard.selectors.runs import ended_runs, running_runs
+from apps.dashboard.views.common import cluster_or_404, live_config, tile_config, with_tiles
+from apps.live.selectors import node_health_list
+from apps.runs.selectors import run_names_by_node
+
+
+@login_required
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    clusters = list(clusters_visible(user=request.user).order_by("name"))
+    if len(clusters) == 1:
+        return redirect("cluster-overview", cluster=clusters[0].name)
+    return render(request, "dashboard/home.html", {"clusters": clusters})
+
+
+@login_required
+@require_GET
+def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
+    found = cluster_or_404(request, cluster)
+    now = time.time()
+    nodes = node_health_list(cluster_id=found.id)
+    alert_rows = open_alerts(cluster=found)
+    open_alerts_json = [alert_json(a) for a in alert_rows]
+    running = running_runs(cluster=found, now=now)
+    runs_on = run_names_by_node(runs=running)  # node id → its runs, for the cards
+    rows = [
+        {**with_tiles(node, open_alerts_json, now), "runs": runs_on.get(node["id"], [])}
+        for node in nodes
+    ]
+    tiles = [tile for row in rows for tile in row["tiles"]]
+    context = {
+        "cluster": found,
+        "nodes": rows,
+        "runs": running,
+        "ended_runs": ended_runs(cluster=found, now=now),
+        "detectors": detector_pass_status(cluster=found, now=now),
+        "healthy_gpus": sum(tile["state"] == "ok" for tile in tiles),
+        "total_gpus": len(tiles),
+        "firing": sum(a["state"] == AlertState.FIRING for a in open_alerts_json),
+        # out of run plans: a cordoned node, and a draining one (its drain not yet over)
+        "cordoned": sum(node["state"] == NodeState.CORDONED for node in nodes),
+        "draining": sum(node["state"] == NodeState.DRAINING for node in nodes),
+        "newest_alert_rows": alert_rows[:OVERVIEW_ALERTS],
+        "tile_states": TILE_STATES,
+        "page_data": {
+            "nodes": nodes,
+            "node_runs": {row["node"]: row["runs"] for row in rows if row["runs"]},
+            "alerts": open_alerts_json,
+            "rules": HEALTH_RULES,
+            **tile_config(found.name),
+        },
+        "live": live_config([found.name]),
+    }
+    return render(request, "dashboard/overview.html", context)
