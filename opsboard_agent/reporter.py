@@ -52,6 +52,7 @@ from opsboard_agent.spool import Spool
 
 log = logging.getLogger(__name__)
 
+OFF_WORDS = ("0", "off", "false", "no")
 PHASE_FIELDS = {
     "data": "data_time",
     "h2d": "h2d_time",
@@ -102,6 +103,18 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value.strip().lstrip("-").isdigit() else default
 
 
+GPU_MAX = 63  # the contract's bound of a GPU index
+
+
+def _node_gpu(device: int) -> int | None:
+    """A process's CUDA device index as the node numbers its GPUs (the node agent's, NVML's
+    index): through CUDA_VISIBLE_DEVICES when it lists indices; None for -1 or out of range."""
+    visible = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    if device >= 0 and all(part.isdigit() for part in visible) and device < len(visible):
+        device = int(visible[device])
+    return device if 0 <= device <= GPU_MAX else None
+
+
 class Reporter:
     def __init__(
         self,
@@ -111,7 +124,7 @@ class Reporter:
         token: str | None = None,
         node: str | None = None,
         rank: int = 0,
-        local_rank: int = 0,
+        local_rank: int = -1,  # -1: not known (LOCAL_RANK not set)
         world_size: int = 1,
         check_every: int = 100,
         shard: str | None = None,
@@ -132,6 +145,7 @@ class Reporter:
         self._phases = {name: _Phase(self._times, field) for name, field in PHASE_FIELDS.items()}
         self._pending: dict[str, Any] = {}
         self._last_step_at: float | None = None
+        self._cuda_gpu: int | None = None
         self.shipper: Shipper | None = None
         self.commands: CommandPoller | None = None
         self.checkpoints = CheckpointRequests(sync_every=checkpoint_sync_every)
@@ -157,9 +171,9 @@ class Reporter:
         if restarts > 0 and rank == 0:
             self.event("restart", restart_count=restarts, rank=rank)
         if commands is None:
-            # Off unless asked for: until the long-poll is served by the ASGI server, each
-            # held poll takes one of gunicorn's sync workers away from ingest.
-            commands = os.environ.get("OPSBOARD_COMMANDS", "off").lower() in ("1", "on")
+            # On unless turned off: a held poll costs the server a coroutine on its ASGI
+            # server, and this side a daemon thread that backs off while no server answers.
+            commands = os.environ.get("OPSBOARD_COMMANDS", "on").lower() not in OFF_WORDS
         if commands and rank == 0:
             self.commands = CommandPoller(
                 CommandClient(server=server, token=token),
@@ -188,7 +202,7 @@ class Reporter:
             token=token,
             node=kwargs.pop("node", None) or os.environ.get("OPSBOARD_NODE"),
             rank=rank,
-            local_rank=kwargs.pop("local_rank", _env_int("LOCAL_RANK", 0)),
+            local_rank=kwargs.pop("local_rank", _env_int("LOCAL_RANK", -1)),
             world_size=kwargs.pop("world_size", _env_int("WORLD_SIZE", 1)),
             spool_dir=spool_dir,
             **kwargs,
@@ -249,12 +263,25 @@ class Reporter:
                 record["loss"] = loss
         if self.shard is not None:
             record["shard"] = self.shard
+        gpu = self._gpu()
+        if gpu is not None:
+            record["gpu"] = gpu
         if self._pending:
             record.update(self._pending)
             self._pending = {}
         record.update(fields)
         if self.shipper is not None:
             self.shipper.add(steps=(record,))
+
+    def _gpu(self) -> int | None:
+        """The rank's GPU index on its node: the current CUDA device once torch has
+        initialised CUDA (fixed from then on), else LOCAL_RANK (None when not set)."""
+        if self._cuda_gpu is None:
+            torch = sys.modules.get("torch")  # never imported here: only if the job did
+            cuda = getattr(torch, "cuda", None)
+            if cuda is not None and cuda.is_initialized():
+                self._cuda_gpu = _node_gpu(cuda.current_device())
+        return self._cuda_gpu if self._cuda_gpu is not None else _node_gpu(self.local_rank)
 
     # -- checkpoint now ------------------------------------------------------------------
 
