@@ -1,11 +1,12 @@
 from django.contrib import admin
 
+from apps.access.admin_scoping import ClusterAdministeredAdmin
 from apps.access.models import ClusterRole, UserToken
 from apps.access.services import role_grant, role_revoke, user_token_revoke
 
 
 @admin.register(ClusterRole)
-class ClusterRoleAdmin(admin.ModelAdmin):
+class ClusterRoleAdmin(ClusterAdministeredAdmin):
     list_display = ["user", "cluster", "role"]
     list_filter = ["role", "cluster"]
     search_fields = ["user__username", "cluster__name"]

@@ -19,6 +19,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
+from apps.access.admin_scoping import ClusterAdministeredAdmin
 from apps.access.selectors import clusters_visible
 from apps.audit.services import audit_record
 from apps.clusters.admin import NodeAdmin
@@ -66,11 +67,31 @@ class CommandAdmin(admin.ModelAdmin):
 
 @admin.register(ClusterHooks)
 class ClusterHooksAdmin(admin.ModelAdmin):
+    """Superusers only: a hook is a program the server runs, so configuring one is running
+    code on the Opsboard host, a power above any one cluster's admin. Changes are audited."""
+
     list_display = ["cluster", "cordon_argv", "uncordon_argv", "drain_argv", "timeout_s"]
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_view_permission(self, request: HttpRequest, obj=None) -> bool:
+        return self.has_module_permission(request)
+
+    has_add_permission = has_change_permission = has_delete_permission = has_view_permission
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        argv = {name: getattr(obj, name) for name in ("cordon_argv", "uncordon_argv", "drain_argv")}
+        audit_record(
+            action="hooks.configure", outcome="succeeded", actor_user=request.user,
+            cluster=obj.cluster, target=f"cluster:{obj.cluster.name}",
+            detail={**argv, "timeout_s": obj.timeout_s}, request=request,
+        )  # fmt: skip
 
 
 @admin.register(AutoCordonPolicy)
-class AutoCordonPolicyAdmin(admin.ModelAdmin):
+class AutoCordonPolicyAdmin(ClusterAdministeredAdmin):
     """A cluster's auto-cordon policy (off unless `enabled`); every change is audited."""
 
     list_display = ["cluster", "enabled", "on_ecc", "on_xid", "on_sdc"]
