@@ -137,6 +137,9 @@ class CheckpointRanks:
     started: set[int | None] = field(default_factory=set)
     durable: set[int | None] = field(default_factory=set)
     failed: set[int | None] = field(default_factory=set)
+    # Ranks that reported the step but neither a checkpoint event of it nor a later step:
+    # whether they save is not known yet (their events may still be on the way).
+    unsettled: set[int | None] = field(default_factory=set)
 
 
 def checkpoint_ranks(*, run_id: int, step: int) -> CheckpointRanks:
@@ -149,6 +152,12 @@ def checkpoint_ranks(*, run_id: int, step: int) -> CheckpointRanks:
             seen.started.add(rank)
         elif tier == "durable" and state == "completed":
             seen.durable.add(rank)
+    reports = StepReport.objects.filter(run_id=run_id)
+    at_step = set(reports.filter(step=step).values_list("rank", flat=True))
+    with_event = set(events.values_list("rank", flat=True))
+    later = reports.filter(step__gt=step, step__lte=step + NODES_STEPS, rank__in=at_step)
+    moved_on = set(later.values_list("rank", flat=True).distinct())
+    seen.unsettled = at_step - with_event - moved_on
     return seen
 
 

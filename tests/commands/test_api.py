@@ -146,6 +146,36 @@ def test_an_accepted_checkpoint_succeeds_once_every_saving_rank_is_durable(live_
     assert Command.objects.get(pk=command_id).state == "succeeded"
 
 
+def test_a_checkpoint_waits_for_ranks_whose_part_is_not_known_yet(live_stack, world):
+    """Ranks 0-1's events are stored, ranks 2-3 reported the step but nothing after it yet:
+    their checkpoint events may still be on the way, so the command stays accepted until
+    they either report one (and it is judged with them) or move on to a later step."""
+    from apps.commands.services import checkpoint_evaluate
+    from tests.commands.conftest import serve
+
+    serve(world.run, world.node1, step=130, ranks=range(0, 2))
+    serve(world.run, world.node2, step=130, ranks=range(2, 4))
+    with client(live_stack, world.operator_secret) as operator:
+        command_id = issue(operator, kind="checkpoint", run="run-1").json()["id"]
+    for rank in range(2):
+        for state in ("started", "completed"):
+            checkpoint_event(
+                world.run, world.node1, step=130, rank=rank, tier="durable", state=state
+            )
+    with client(live_stack, world.agent_secret) as agent:
+        accepted = agent.post(
+            f"/api/v1/commands/{command_id}/ack", json={"state": "accepted", "step": 130}
+        )
+    assert accepted.json()["state"] == "accepted"
+    command = Command.objects.get(pk=command_id)
+    assert checkpoint_evaluate(command=command).state == "accepted"  # 2 and 3 unknown
+    checkpoint_event(world.run, world.node2, step=130, rank=2, tier="durable", state="started")
+    serve(world.run, world.node2, step=131, ranks=range(3, 4))  # rank 3 saves nothing
+    assert checkpoint_evaluate(command=command).state == "accepted"  # rank 2 still saving
+    checkpoint_event(world.run, world.node2, step=130, rank=2, tier="durable", state="completed")
+    assert checkpoint_evaluate(command=command).state == "succeeded"
+
+
 def test_a_failed_checkpoint_event_fails_the_command(live_stack, world):
     with client(live_stack, world.operator_secret) as operator:
         command_id = issue(operator, kind="checkpoint", run="run-1").json()["id"]

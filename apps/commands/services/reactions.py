@@ -138,8 +138,13 @@ def checkpoint_evaluate(*, command: Command) -> Command:
     seen = checkpoint_ranks(run_id=command.run_id, step=int(step))
     if seen.failed:
         return _move(command, CommandState.FAILED, {"failed_ranks": sorted(seen.failed, key=str)})
-    expected = set(command.result.get("ranks") or command.args.get("ranks") or seen.started)
-    if seen.durable and expected <= seen.durable:
+    named = command.result.get("ranks") or command.args.get("ranks")
+    expected = set(named or seen.started)
+    # With no ranks named, a rank whose part is not known yet could still be saving: its
+    # events may be queued behind the ones already stored. Success then waits until every
+    # rank at the step has reported a checkpoint event of it or a later step.
+    unknown = set() if named else seen.unsettled
+    if seen.durable and expected <= seen.durable and not unknown:
         return _move(command, CommandState.SUCCEEDED, {"durable_step": int(step)})
     return command
 
