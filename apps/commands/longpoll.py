@@ -36,6 +36,7 @@ import redis.asyncio
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.http.request import split_domain_port, validate_host
 from django.utils import timezone
 
 from apps.clusters.selectors import token_authenticate
@@ -297,7 +298,12 @@ class LongPollApp:
         self.app = app
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or scope["path"] != COMMANDS_PATH or scope["method"] != "GET":
+        if (
+            scope["type"] != "http"
+            or scope["path"] != COMMANDS_PATH
+            or scope["method"] != "GET"
+            or not _host_allowed(scope)  # Django answers 400 as for any other page
+        ):
             await self.app(scope, receive, send)
             return
         secret = _bearer(scope)
@@ -346,6 +352,16 @@ async def _disconnected(receive: Callable, waiter: _Waiter) -> None:
         pass
     waiter.gone = True
     waiter.event.set()
+
+
+def _host_allowed(scope: dict) -> bool:
+    """The Host header names a host of ALLOWED_HOSTS, as Django's own check has it."""
+    host = next((v.decode("latin-1") for n, v in scope.get("headers", ()) if n == b"host"), "")
+    domain, _port = split_domain_port(host)
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    return bool(domain) and validate_host(domain, allowed)
 
 
 def _bearer(scope: dict) -> str:

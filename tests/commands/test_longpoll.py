@@ -103,6 +103,15 @@ def test_an_empty_poll_on_the_asgi_server_answers_after_wait(live_stack, world):
     assert 0.9 < time.monotonic() - started < 5
 
 
+def test_a_poll_for_a_host_not_allowed_is_refused_on_the_asgi_server_too(live_stack, world):
+    with asgi(live_stack, world.agent_secret) as agent:
+        response = agent.get(
+            "/api/v1/commands", params={"node": "node-01"}, headers={"Host": "evil.example"}
+        )
+    assert response.status_code == 400
+    assert not response.headers["content-type"].startswith("application/json")  # no list
+
+
 def test_a_command_no_message_announced_is_found_by_the_safety_net(live_stack, world):
     poll = HeldPoll(live_stack, world.agent_secret, node="node-02", wait=20)
     poll.start()
