@@ -2,10 +2,10 @@
 
 Resolves Postgres and Redis (DATABASE_URL / REDIS_URL, or the embedded default under
 ./var/), migrates, collects static files, then runs gunicorn for HTTP (127.0.0.1:8000),
-uvicorn for websockets (8001), a Celery worker for ingest, another for beat's periodic
-tasks, Celery beat, the live publisher and, for `demo`, the cluster simulator posting
-through the real agent code. Children that exit are restarted (as a supervisor would);
-Ctrl-C stops everything it started.
+uvicorn for websockets and agents' held command polls (8001), a Celery worker for ingest,
+another for beat's periodic tasks, Celery beat, the live publisher and, for `demo`, the
+cluster simulator posting through the real agent code. Children that exit are restarted
+(as a supervisor would); Ctrl-C stops everything it started.
 """
 
 from __future__ import annotations
