@@ -44,15 +44,23 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1):
-    """The first truthy value of `predicate()`; AssertionError naming `what` after `timeout` s."""
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.1,
+    state: Callable[[], str] | None = None,
+):
+    """The first truthy value of `predicate()`; AssertionError naming `what` after `timeout` s,
+    and the state reached (`state()`), so a failure on a slow machine says where it stopped."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            reached = f"; {state()}" if state is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{reached}")
         time.sleep(interval)
 
 

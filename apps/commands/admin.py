@@ -24,15 +24,13 @@ from apps.access.selectors import clusters_visible
 from apps.audit.services import audit_record
 from apps.clusters.admin import NodeAdmin
 from apps.clusters.models import Node
-from apps.commands.choices import CommandKind, CommandState
+from apps.commands.choices import CONFIRMED_KINDS, REASON_MAX_LENGTH, CommandKind, CommandState
 from apps.commands.models import AutoCordonPolicy, ClusterHooks, Command, CommandTransition
 from apps.commands.services import CommandDenied, CommandInvalid, command_issue
 from apps.runs.admin import RunAdmin
 from apps.runs.models import Run
 
 # Kinds that take work away: the reason is required and the names are typed again.
-CONFIRMED_KINDS = frozenset({CommandKind.STOP, CommandKind.DRAIN})
-REASON_MAX_LENGTH = 2000
 _NAMES_SEPARATOR = re.compile(r"[\s,]+")
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f]")
 

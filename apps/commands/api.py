@@ -14,7 +14,7 @@ from apps.access.auth import reader_auth, user_token_auth
 from apps.access.selectors import clusters_visible
 from apps.clusters.models import Node
 from apps.commands import services
-from apps.commands.choices import CommandKind, CommandState
+from apps.commands.choices import REASON_MAX_LENGTH, CommandKind, CommandState
 from apps.commands.longpoll import REDIRECTS_HEADER
 from apps.commands.longpoll_wsgi import longpoll_redirect, poll_sync
 from apps.commands.selectors import command_get, command_json, command_list, run_plan
@@ -87,7 +87,7 @@ class CommandIn(Schema):
     run: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
     node: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
     args: CommandArgs = Field(default_factory=CommandArgs)
-    reason: str = Field(default="", max_length=2000, pattern=r"^[^\x00-\x1f]*$")
+    reason: str = Field(default="", max_length=REASON_MAX_LENGTH, pattern=r"^[^\x00-\x1f]*$")
     cluster: str | None = Field(
         default=None, max_length=CLUSTER_MAX_LENGTH, description="needed when names repeat"
     )

@@ -51,3 +51,7 @@ STATE_TIMESTAMP = {
 
 # Node names a scheduler hook may receive: a host name, never an option ("-x") or a path.
 NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
+
+# Kinds that ask for a reason and the target's name typed again (pages and admin alike).
+CONFIRMED_KINDS = frozenset({CommandKind.STOP, CommandKind.DRAIN})
+REASON_MAX_LENGTH = 2000  # commands_command.reason, audit's reason

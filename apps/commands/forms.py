@@ -11,12 +11,10 @@ from typing import Any
 import pydantic
 from django import forms
 
-from apps.commands.choices import CommandKind
+from apps.commands.choices import CONFIRMED_KINDS, REASON_MAX_LENGTH, CommandKind
 from apps.core import bounds
 
 # Kinds that stop work: the reason is required and the target's name is typed again.
-CONFIRMED_KINDS = frozenset({CommandKind.STOP, CommandKind.DRAIN})
-REASON_MAX_LENGTH = 2000
 NODES_SEPARATOR = re.compile(r"[\s,]+")
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f]")
 

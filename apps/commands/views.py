@@ -42,19 +42,20 @@ def _cluster_or_404(request: HttpRequest, name: str) -> Cluster:
 
 
 def _run_or_404(request: HttpRequest, cluster: str, run: str) -> Run:
-    found = Run.objects.filter(cluster=_cluster_or_404(request, cluster), name=run)
-    run_found = found.select_related("cluster").first()
-    if run_found is None:
-        raise Http404("no such run")
-    return run_found
+    return _named_or_404(Run, request, cluster, run)
 
 
 def _node_or_404(request: HttpRequest, cluster: str, node: str) -> Node:
-    found = Node.objects.filter(cluster=_cluster_or_404(request, cluster), name=node)
-    node_found = found.select_related("cluster").first()
-    if node_found is None:
-        raise Http404("no such node")
-    return node_found
+    return _named_or_404(Node, request, cluster, node)
+
+
+def _named_or_404(model, request: HttpRequest, cluster: str, name: str):
+    """The run or node of that name in a cluster the user sees, else 404."""
+    found = model.objects.filter(cluster=_cluster_or_404(request, cluster), name=name)
+    named = found.select_related("cluster").first()
+    if named is None:
+        raise Http404(f"no such {model._meta.model_name}")
+    return named
 
 
 @login_required

@@ -12,13 +12,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from launcher.procs import wait_until
 from tests.stackproc import LOG_DIR, Stack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,16 +55,8 @@ def start_hooked_stack(env: dict[str, str], bin_dir: Path) -> Stack:
 def wait_for(
     predicate: Callable[[], Any], timeout: float, what: str, state: Callable[[], str] = str
 ):
-    """The first truthy `predicate()`; after `timeout` s an AssertionError naming `what` and
-    the state reached (`state()`), so a failure on a slow machine says where it stopped."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; {state()}")
-        time.sleep(0.2)
+    """launcher.procs.wait_until, polling every 0.2 s and naming the state reached."""
+    return wait_until(predicate, timeout, what, interval=0.2, state=state)
 
 
 class SupervisedJob:
