@@ -8,8 +8,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 from django.db import connection
 
+from apps.core.codec import floats_decode, ints_decode
 from apps.telemetry.models import HOST_GPU, NodeHealth
 
 # The agent stores every scraped series that is not a core contract metric as
@@ -22,43 +24,55 @@ _SOURCE = re.compile(SOURCE_PATTERN)
 # points; this bounds the index range scanned for a series.
 MAX_CHUNK_SPAN = "1 day"
 
-_CHUNKS = f"""
-WITH c AS (
-    SELECT extract(epoch FROM t0)::float8 AS e0, extract(epoch FROM t1)::float8 AS e1,
-           n, vmin, vmax, vsum, offsets_ms, vals
-    FROM telemetry_chunk
-    WHERE node_id = %(node)s AND metric_id = %(metric)s AND gpu = %(gpu)s
-      AND t0 < to_timestamp(%(end)s) AND t0 >= to_timestamp(%(start)s) - interval '{MAX_CHUNK_SPAN}'
-      AND t1 >= to_timestamp(%(start)s)
-), p AS (
-    SELECT e0 + o / 1000.0 AS ts, v, e0, e1 FROM c, unnest(c.offsets_ms, c.vals) AS u(o, v)
-)
+# The chunks of one series that may hold points in [start, end), in time order; a chunk lying
+# inside one bucket (`whole`) leaves its points unread: its n/min/max/sum stand for them.
+_CHUNKS_SQL = f"""
+SELECT e0, n, vmin, vmax, vsum, whole,
+       CASE WHEN whole THEN NULL ELSE offsets_ms END, CASE WHEN whole THEN NULL ELSE vals END,
+       CASE WHEN whole THEN NULL ELSE ts_pco END, CASE WHEN whole THEN NULL ELSE vals_pco END
+FROM (
+    SELECT *, CASE WHEN %(step)s > 0 THEN floor(e0 / %(step)s) = floor(e1 / %(step)s)
+                   AND e0 >= %(start)s AND e1 < %(end)s ELSE false END AS whole
+    FROM (
+        SELECT extract(epoch FROM t0)::float8 AS e0, extract(epoch FROM t1)::float8 AS e1,
+               n, vmin, vmax, vsum, offsets_ms, vals, ts_pco, vals_pco
+        FROM telemetry_chunk
+        WHERE node_id = %(node)s AND metric_id = %(metric)s AND gpu = %(gpu)s
+          AND t0 < to_timestamp(%(end)s)
+          AND t0 >= to_timestamp(%(start)s) - interval '{MAX_CHUNK_SPAN}'
+          AND t1 >= to_timestamp(%(start)s)
+        ORDER BY t0
+    ) c
+) c
 """
-
-_RAW_SQL = (
-    _CHUNKS
-    + """
-SELECT ts, v FROM p WHERE ts >= %(start)s AND ts < %(end)s ORDER BY ts LIMIT %(limit)s
-"""
-)
-
-# Chunks that lie inside one bucket contribute their stored min/max/sum/count unopened.
-_WHOLE = "floor(e0 / %(step)s) = floor(e1 / %(step)s) AND e0 >= %(start)s AND e1 < %(end)s"
-_BUCKETS_SQL = (
-    _CHUNKS
-    + f"""
-, parts AS (
-    SELECT floor(e0 / %(step)s) * %(step)s AS b, n, vmin, vmax, vsum FROM c WHERE {_WHOLE}
-    UNION ALL
-    SELECT floor(ts / %(step)s) * %(step)s, 1, v, v, v FROM p
-    WHERE NOT ({_WHOLE}) AND ts >= %(start)s AND ts < %(end)s
-)
-SELECT b, sum(vsum) / sum(n), min(vmin), max(vmax), sum(n)::int FROM parts
-GROUP BY b ORDER BY b LIMIT %(limit)s
-"""
-)
 
 MAX_POINTS = 100_000
+
+
+def chunk_arrays(
+    offsets: list[int] | None,
+    vals: list[float] | None,
+    ts_pco: bytes | None = None,
+    vals_pco: bytes | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ms offsets from t0 as int64, values as float64) of one stored chunk, encoded
+    (sealed) or as arrays: the one place that knows both forms."""
+    if ts_pco is not None and vals_pco is not None:
+        return ints_decode(ts_pco), floats_decode(vals_pco)
+    return np.asarray(offsets or [], dtype=np.int64), np.asarray(vals or [], dtype=np.float64)
+
+
+def chunk_points(
+    e0: float,
+    offsets: list[int] | None,
+    vals: list[float] | None,
+    ts_pco: bytes | None = None,
+    vals_pco: bytes | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(timestamps in epoch seconds, values) of one stored chunk starting at e0:
+    `e0 + offset / 1000`, the same float the SQL reads of arrays compute."""
+    offsets_ms, values = chunk_arrays(offsets, vals, ts_pco, vals_pco)
+    return e0 + offsets_ms / 1000.0, values
 
 
 def series_read(
@@ -73,11 +87,75 @@ def series_read(
         "start": start,
         "end": end,
         "step": step,
-        "limit": MAX_POINTS,
     }
     with connection.cursor() as cursor:
-        cursor.execute(_BUCKETS_SQL if step else _RAW_SQL, params)
-        return [list(row) for row in cursor.fetchall()]
+        cursor.execute(_CHUNKS_SQL, params)
+        rows = cursor.fetchall()
+    parts = [chunk_points(row[0], *row[6:]) for row in rows if not row[5]]
+    ts = np.concatenate([p[0] for p in parts]) if parts else np.empty(0)
+    values = np.concatenate([p[1] for p in parts]) if parts else np.empty(0)
+    inside = (ts >= start) & (ts < end)
+    ts, values = ts[inside], values[inside]
+    if not step:
+        order = np.argsort(ts, kind="stable")[:MAX_POINTS]
+        return np.column_stack([ts[order], values[order]]).tolist()
+    whole = np.array([row[:5] for row in rows if row[5]], dtype=np.float64).reshape(-1, 5)
+    return _buckets(whole=whole, ts=ts, values=values, step=step)
+
+
+def _buckets(*, whole: np.ndarray, ts: np.ndarray, values: np.ndarray, step: float) -> list:
+    """`[[bucket start, avg, min, max, count], …]` of whole chunks' (e0, n, min, max, sum)
+    rows and of loose points."""
+    starts = np.concatenate([np.floor(whole[:, 0] / step), np.floor(ts / step)]) * step
+    counts = np.concatenate([whole[:, 1], np.ones(len(ts))])
+    lows = np.concatenate([whole[:, 2], values])
+    highs = np.concatenate([whole[:, 3], values])
+    sums = np.concatenate([whole[:, 4], values])
+    keys, inverse = np.unique(starts, return_inverse=True)
+    n = np.bincount(inverse, weights=counts)
+    total = np.bincount(inverse, weights=sums)
+    low = np.full(len(n), np.inf)
+    high = np.full(len(n), -np.inf)
+    np.minimum.at(low, inverse, lows)
+    np.maximum.at(high, inverse, highs)
+    columns = (keys, total / n, low, high, n.astype(np.int64))
+    return [list(row) for row in zip(*(c[:MAX_POINTS].tolist() for c in columns), strict=True)]
+
+
+_MANY_SQL = f"""
+SELECT node_id, metric_id, gpu, extract(epoch FROM t0)::float8, offsets_ms, vals, ts_pco, vals_pco
+FROM telemetry_chunk
+WHERE node_id = ANY(%(nodes)s) AND metric_id = ANY(%(metrics)s)
+  AND t0 < to_timestamp(%(end)s)
+  AND t0 >= to_timestamp(%(start)s) - interval '{MAX_CHUNK_SPAN}'
+  AND t1 >= to_timestamp(%(start)s)
+ORDER BY node_id, metric_id, gpu, t0
+"""
+
+
+def series_points(
+    *, node_ids: list[int], metric_ids: list[int], start: float, end: float
+) -> dict[tuple[int, int, int], list[tuple[float, float]]]:
+    """(node id, metric id, gpu) → its (ts, value) points in [start, end), in time order,
+    of every series of these nodes and metrics that has some (one query)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _MANY_SQL, {"nodes": node_ids, "metrics": metric_ids, "start": start, "end": end}
+        )
+        rows = cursor.fetchall()
+    parts: dict[tuple[int, int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+    for node_id, metric_id, gpu, *chunk in rows:
+        parts.setdefault((node_id, metric_id, gpu), []).append(chunk_points(*chunk))
+    series = {}
+    for key, chunks in parts.items():
+        ts = np.concatenate([chunk[0] for chunk in chunks])
+        values = np.concatenate([chunk[1] for chunk in chunks])
+        inside = (ts >= start) & (ts < end)
+        order = np.argsort(ts[inside], kind="stable")
+        points = list(zip(ts[inside][order].tolist(), values[inside][order].tolist(), strict=True))
+        if points:
+            series[key] = points
+    return series
 
 
 def metric_id_get(*, name: str) -> int | None:

@@ -1,10 +1,15 @@
 """Writes of telemetry: per-series sample chunks, latest health, compaction.
 
-Layout of `telemetry_chunk` (created in migration 0002): one row holds the points of one
-series (node, metric, gpu) — first as received, one row per series per batch, then merged
-by `chunks_compact` into one row per series per TELEMETRY_CHUNK_SECONDS window. A row has
-t0/t1, n, min/max/sum (coarse reads need not unpack), `offsets_ms int4[]` relative to t0
-and `vals float8[]`: 12 B a point plus the row, which a 600-point chunk spreads to < 1 B.
+Layout of `telemetry_chunk` (created in migration 0002, encoded columns in 0003): one row
+holds the points of one series (node, metric, gpu) — first as received, one row per series
+per batch, then merged by `chunks_compact` into one sealed row per series per
+TELEMETRY_CHUNK_SECONDS window. A row has t0/t1, n, min/max/sum (coarse reads need not
+unpack). An unsealed row keeps its points as `offsets_ms int4[]` relative to t0 and
+`vals float8[]` (12 B a point: cheap to write and to unnest in SQL); a sealed row keeps them
+encoded by apps/core/codec.py (pcodec) in `ts_pco` and `vals_pco`, its arrays empty, which
+brings a 600-point chunk to ≈ 0.1 B a point for regular timestamps and 0.1–2 B for values.
+Encoded points are decoded in Python (`chunk_arrays`, `chunk_points` in selectors; SQL reads
+that unnest arrays see none of them, so each such read also decodes its sealed chunks).
 Indexes: a B-tree on (node, metric, gpu, t0) — one entry per chunk, not per sample — for
 series reads, and a BRIN on t0 for time-range scans and compaction.
 """
@@ -13,13 +18,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
+import numpy as np
 import orjson
 from django.conf import settings
 from django.db import connection, transaction
 
+from apps.core.codec import floats_decode, floats_encode, ints_decode, ints_encode
+from apps.core.db import server_cursor
 from apps.core.times import to_datetime
 from apps.telemetry.models import HOST_GPU
 
@@ -38,6 +46,11 @@ CHUNK_TYPES = [
     "int4[]",
     "float8[]",
 ]
+SEALED_COLUMNS = (
+    "(node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, sealed, offsets_ms, vals,"
+    " ts_pco, vals_pco)"
+)
+SEALED_TYPES = [*CHUNK_TYPES[:9], "bool", *CHUNK_TYPES[9:], "bytea", "bytea"]
 
 
 def metric_ids(*, names: Iterable[str]) -> dict[str, int]:
@@ -158,53 +171,105 @@ def health_update(*, series: Series) -> None:
         )
 
 
-_COMPACT_SQL = """
-WITH victims AS (
-    DELETE FROM telemetry_chunk
-    WHERE t0 >= %(start)s AND t0 < %(end)s AND NOT sealed
-       OR (sealed AND t0 >= %(start)s AND t0 < %(end)s AND EXISTS (
-           SELECT 1 FROM telemetry_chunk u
-           WHERE u.t0 >= %(start)s AND u.t0 < %(end)s AND NOT u.sealed
-             AND u.node_id = telemetry_chunk.node_id AND u.metric_id = telemetry_chunk.metric_id
-             AND u.gpu = telemetry_chunk.gpu))
-    RETURNING *
-), points AS (
-    SELECT v.node_id, v.metric_id, v.gpu, v.t0 + p.off * interval '1 millisecond' AS ts, p.val
-    FROM victims v, unnest(v.offsets_ms, v.vals) AS p(off, val)
-), binned AS (
-    SELECT *, date_bin(%(width)s, ts, 'epoch') AS bucket FROM points
-), merged AS (
-    SELECT node_id, metric_id, gpu, bucket, min(ts) AS t0, max(ts) AS t1, count(*) AS n,
-           min(val) AS vmin, max(val) AS vmax, sum(val) AS vsum,
-           array_agg(ts ORDER BY ts) AS tss, array_agg(val ORDER BY ts) AS vals
-    FROM binned GROUP BY node_id, metric_id, gpu, bucket
-)
-INSERT INTO telemetry_chunk (node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, sealed,
-                             offsets_ms, vals)
-SELECT node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, bucket < %(end)s,
-       ARRAY(SELECT round(extract(epoch FROM x - t0) * 1000)::int4 FROM unnest(tss) AS x),
-       vals
-FROM merged
+# The series to compact in a window: those with an unsealed (per-batch) row starting in it.
+# Each one's sealed row there, if any, merges with its late rows: read, merged, rewritten.
+_SERIES_TO_COMPACT_SQL = """
+SELECT DISTINCT node_id, metric_id, gpu FROM telemetry_chunk
+WHERE t0 >= %(start)s AND t0 < %(end)s AND NOT sealed
 """
+_VICTIMS_SQL = """
+DELETE FROM telemetry_chunk c
+USING unnest(%(nodes)s::int4[], %(metrics)s::int4[], %(gpus)s::int2[]) AS s(node_id, metric_id, gpu)
+WHERE c.node_id = s.node_id AND c.metric_id = s.metric_id AND c.gpu = s.gpu
+  AND c.t0 >= %(start)s AND c.t0 < %(end)s
+RETURNING c.node_id, c.metric_id, c.gpu, (extract(epoch FROM c.t0) * 1000000)::int8,
+          c.offsets_ms, c.vals, c.ts_pco, c.vals_pco
+"""
+COMPACT_SERIES_BATCH = 5000  # series merged per statement: bounds the points held in memory
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def chunks_compact(*, now: datetime, lookback_windows: int = 6) -> int:
-    """Merge the per-batch chunks of each finished window into one sealed chunk per series.
+    """Merge the per-batch chunks of each finished window into one sealed, encoded chunk per
+    series (points a batch carried past the window's end stay in an unsealed chunk).
 
-    Late rows in an already sealed window are merged with it the next time round. Returns
-    the number of rows written."""
+    Late rows in an already sealed window are merged with it the next time round: its sealed
+    row is deleted, decoded and rewritten with them, in the same transaction (exactly once).
+    Returns the number of rows written."""
     width = settings.TELEMETRY_CHUNK_SECONDS
     grace = 60
     end_ts = (int(now.timestamp()) - grace) // width * width
     written = 0
     for index in range(lookback_windows, 0, -1):
-        start = to_datetime(end_ts - index * width)
-        end = to_datetime(end_ts - (index - 1) * width)
-        with transaction.atomic(), connection.cursor() as cursor:
+        window = {
+            "start": to_datetime(end_ts - index * width),
+            "end": to_datetime(end_ts - (index - 1) * width),
+        }
+        with transaction.atomic(), server_cursor() as cursor:
             # one compactor at a time; a second one (overlapping beat ticks) just skips
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [COMPACT_LOCK_KEY])
             if not cursor.fetchone()[0]:
                 return written
-            cursor.execute(_COMPACT_SQL, {"start": start, "end": end, "width": f"{width} seconds"})
-            written += cursor.rowcount
+            cursor.execute(_SERIES_TO_COMPACT_SQL, window)
+            series = cursor.fetchall()
+            for first in range(0, len(series), COMPACT_SERIES_BATCH):
+                keys = series[first : first + COMPACT_SERIES_BATCH]
+                written += _series_compact(cursor, keys=keys, window=window, width=width)
     return written
+
+
+def _series_compact(cursor: Any, *, keys: list[tuple], window: dict[str, Any], width: int) -> int:
+    """Delete every row of these series starting in the window and write them back merged:
+    one row per series per window-wide bucket, encoded when the bucket is in the window."""
+    nodes, metrics, gpus = (list(column) for column in zip(*keys, strict=True))
+    params = {**window, "nodes": nodes, "metrics": metrics, "gpus": gpus}
+    cursor.execute(_VICTIMS_SQL, params, binary=True)  # binary: arrays and bytes parse fast
+    victims: dict[tuple[int, int, int], list[tuple]] = defaultdict(list)
+    for row in cursor.fetchall():
+        victims[row[0], row[1], row[2]].append(row[3:])
+    width_us = width * 1_000_000
+    end_us = round((window["end"] - _EPOCH).total_seconds()) * 1_000_000
+    written = 0
+    with cursor.copy(f"COPY telemetry_chunk {SEALED_COLUMNS} FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(SEALED_TYPES)
+        for key, rows in victims.items():
+            for row in _merged_rows(rows, width_us=width_us, end_us=end_us):
+                copy.write_row((*key, *row))
+                written += 1
+    return written
+
+
+def _merged_rows(victims: list[tuple], *, width_us: int, end_us: int) -> Iterable[tuple]:
+    """A series' chunk rows (t0 in µs, offsets, values, encoded offsets, encoded values)
+    merged in time order and cut at window-wide buckets from the epoch: COPY rows from t0."""
+    parts = [_points_us(*victim) for victim in victims]
+    stamps = np.concatenate([part[0] for part in parts])
+    values = np.concatenate([part[1] for part in parts])
+    order = np.argsort(stamps, kind="stable")  # stable: replayed equal stamps keep their order
+    stamps, values = stamps[order], values[order]
+    cuts = np.flatnonzero(np.diff(stamps // width_us)) + 1
+    for us, vals in zip(np.split(stamps, cuts), np.split(values, cuts), strict=True):
+        offsets = (us - us[0] + 500) // 1000  # whole ms, rounded half up (as SQL's round)
+        sealed = bool(us[0] // width_us * width_us < end_us)
+        encoded = (ints_encode(offsets), floats_encode(vals)) if sealed else (None, None)
+        yield (
+            _EPOCH + timedelta(microseconds=int(us[0])),
+            _EPOCH + timedelta(microseconds=int(us[-1])),
+            len(vals),
+            float(vals.min()),
+            float(vals.max()),
+            float(vals.sum()),
+            sealed,
+            [] if sealed else offsets.tolist(),
+            [] if sealed else vals.tolist(),
+            *encoded,
+        )
+
+
+def _points_us(
+    t0_us: int, offsets: list[int], vals: list[float], ts_pco: bytes | None, vals_pco: bytes | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(µs since the epoch, values) of one stored chunk, encoded or not."""
+    if ts_pco is not None and vals_pco is not None:
+        return t0_us + ints_decode(ts_pco) * 1000, floats_decode(vals_pco)
+    return t0_us + np.asarray(offsets, dtype=np.int64) * 1000, np.asarray(vals, dtype=np.float64)

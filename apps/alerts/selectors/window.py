@@ -26,7 +26,7 @@ from apps.clusters.models import Cluster, Node
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
 from apps.runs.selectors import event_row, run_events_recent
-from apps.telemetry.selectors import MAX_CHUNK_SPAN
+from apps.telemetry.selectors import series_points
 from detectors.types import ClusterWindow, NodeSeen, RunWindow, Series, StepRow
 
 # The metrics the detectors read (thermal, power, oom_risk, input_bound, ...).
@@ -183,23 +183,6 @@ def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[
     return by_run
 
 
-_TELEMETRY_SQL = f"""
-WITH c AS (
-    SELECT node_id, metric_id, gpu, extract(epoch FROM t0)::float8 AS e0, offsets_ms, vals
-    FROM telemetry_chunk
-    WHERE node_id = ANY(%(nodes)s) AND metric_id = ANY(%(metrics)s)
-      AND t0 < to_timestamp(%(end)s)
-      AND t0 >= to_timestamp(%(start)s) - interval '{MAX_CHUNK_SPAN}'
-      AND t1 >= to_timestamp(%(start)s)
-)
-SELECT node_id, metric_id, gpu, ts, v FROM (
-    SELECT node_id, metric_id, gpu, e0 + o / 1000.0 AS ts, v
-    FROM c, unnest(c.offsets_ms, c.vals) AS u(o, v)
-) p WHERE ts >= %(start)s AND ts < %(end)s
-ORDER BY node_id, metric_id, gpu, ts
-"""
-
-
 def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]:
     """WINDOW_METRICS on every node from ALERT_TELEMETRY_WINDOW_S before `now` up to `end`
     (exclusive): one query."""
@@ -208,21 +191,15 @@ def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]
             "SELECT id, name FROM telemetry_metric WHERE name = ANY(%s)", [list(WINDOW_METRICS)]
         )
         metrics = dict(cursor.fetchall())
-        if not metrics or not names:
-            return []
-        cursor.execute(
-            _TELEMETRY_SQL,
-            {
-                "nodes": list(names),
-                "metrics": list(metrics),
-                "start": now - settings.ALERT_TELEMETRY_WINDOW_S,
-                "end": end,
-            },
-        )
-        rows = cursor.fetchall()
-    series: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
-    for node_id, metric_id, gpu, at, value in rows:
-        series.setdefault((node_id, metric_id, gpu), []).append((at, value))
+    if not metrics or not names:
+        return []
+    # decoded in Python: sealed (compacted) chunks keep their points encoded
+    series = series_points(
+        node_ids=list(names),
+        metric_ids=list(metrics),
+        start=now - settings.ALERT_TELEMETRY_WINDOW_S,
+        end=end,
+    )
     return [
         Series(
             node=names[node_id],

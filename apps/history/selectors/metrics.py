@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import bisect
 import time
+from base64 import b64decode
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import orjson
 from django.db import connection, transaction
 
+from apps.core.codec import floats_decode, ints_decode
 from apps.history.selectors.plain import plain
 from apps.history.selectors.resolution import (
     Resolution,
@@ -19,6 +23,7 @@ from apps.history.selectors.resolution import (
     resolution_choose,
 )
 from apps.telemetry.models import HOST_GPU
+from apps.telemetry.selectors import chunk_points
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ raw AS (
     SELECT s.node_id, s.gpu, c.*
     FROM s CROSS JOIN m CROSS JOIN LATERAL (
         SELECT extract(epoch FROM t0)::float8 AS e0, extract(epoch FROM t1)::float8 AS e1,
-               n, vmin, vmax, vsum, offsets_ms, vals
+               n, vmin, vmax, vsum, offsets_ms, vals, ts_pco, vals_pco
         FROM telemetry_chunk c
         WHERE c.node_id = s.node_id AND c.metric_id = m.id AND c.gpu = s.gpu
           AND c.t0 < to_timestamp(%(end)s) AND c.t1 >= to_timestamp(%(raw_lo)s)
@@ -80,12 +85,15 @@ raw AS (
 )"""
 )
 
-# Raw points leave as their chunks' arrays, ordered per series; Python filters and offsets
-# them (cheaper than unnesting, sorting and re-aggregating a point per row in SQL).
+# Raw points leave as their chunks' arrays (sealed chunks: their encoded bytes in base64),
+# ordered per series; Python decodes, filters and offsets them (cheaper than unnesting,
+# sorting and re-aggregating a point per row in SQL).
 _POINTS_SQL = f"""
 WITH {_SERIES},
 per AS (
-    SELECT node_id, gpu, json_agg(json_build_array(e0, offsets_ms, vals) ORDER BY e0) AS chunks
+    SELECT node_id, gpu,
+           json_agg(json_build_array(e0, offsets_ms, vals, encode(ts_pco, 'base64'),
+                                     encode(vals_pco, 'base64')) ORDER BY e0) AS chunks
     FROM raw GROUP BY node_id, gpu
 )
 SELECT s.name, s.gpu, coalesce(per.chunks, '[]')::text
@@ -96,18 +104,38 @@ ORDER BY s.name, s.gpu
 # Chunks lying inside one bucket contribute their stored n/sum/min/max without unpacking.
 _WHOLE = "floor(c.e0 / %(step)s) = floor(c.e1 / %(step)s) AND c.e0 >= %(raw_lo)s AND c.e1 < %(end)s"
 
+# Sealed chunks not lying inside one bucket: their points are encoded, so they leave as
+# bytes (base64) for Python to decode and add to the buckets.
+_SEALED_PARTS = f"""
+SELECT coalesce(json_agg(json_build_array(c.e0, encode(c.ts_pco, 'base64'),
+                                          encode(c.vals_pco, 'base64'))), '[]')
+FROM (
+    SELECT extract(epoch FROM t0)::float8 AS e0, extract(epoch FROM t1)::float8 AS e1,
+           ts_pco, vals_pco
+    FROM telemetry_chunk c
+    WHERE c.node_id = s.node_id AND c.metric_id = m.id AND c.gpu = s.gpu
+      AND c.t0 < to_timestamp(%(end)s) AND c.t1 >= to_timestamp(%(raw_lo)s)
+      AND c.t0 >= to_timestamp(%(raw_lo)s) - interval '1 day'
+      AND %(raw_lo)s < %(end)s AND c.ts_pco IS NOT NULL
+    OFFSET 0
+) c
+WHERE NOT ({_WHOLE})
+"""
+
 # Bucketed per series, inside a lateral subquery: each series' few hundred buckets are
 # grouped and ordered on their own, instead of every series' rows in one big hash and sort.
 _BUCKETS_SQL = f"""
 WITH {_SERIES_ONLY}
 SELECT s.name, s.gpu, per.j::text
 FROM s CROSS JOIN m CROSS JOIN LATERAL (
-    SELECT json_build_array(coalesce(json_agg(k * %(step)s ORDER BY k), '[]'),
-                            coalesce(json_agg(avg ORDER BY k), '[]'),
+    SELECT json_build_array(coalesce(json_agg(k ORDER BY k), '[]'),
+                            coalesce(json_agg(sm ORDER BY k), '[]'),
                             coalesce(json_agg(mn ORDER BY k), '[]'),
-                            coalesce(json_agg(mx ORDER BY k), '[]')) AS j
+                            coalesce(json_agg(mx ORDER BY k), '[]'),
+                            coalesce(json_agg(cnt ORDER BY k), '[]'),
+                            ({_SEALED_PARTS})) AS j
     FROM (
-        SELECT k, sum(vsum) / sum(n) AS avg, min(vmin) AS mn, max(vmax) AS mx
+        SELECT k, sum(vsum) AS sm, min(vmin) AS mn, max(vmax) AS mx, sum(n) AS cnt
         FROM (
             SELECT p.* FROM (
                 SELECT extract(epoch FROM t0)::float8 AS e0,
@@ -220,13 +248,54 @@ def _history(*, query: SeriesQuery, res: Resolution, split: Split, max_points: i
     series = []
     for name, series_gpu, data in rows:
         if res.step:
-            ts, avg, low, high = orjson.loads(data)
+            ts, avg, low, high = _buckets(orjson.loads(data), params)
         else:
             ts, avg = _points(orjson.loads(data), query.start, query.end, max_points)
             low, high = list(avg), list(avg)
         node_gpu = None if series_gpu == HOST_GPU else series_gpu
         series.append(SeriesHistory(node=name, gpu=node_gpu, ts=ts, avg=avg, min=low, max=high))
     return History(resolution_s=res.step, start=query.start, end=query.end, series=series)
+
+
+def _buckets(data: list, params: dict[str, Any]) -> list[list]:
+    """[bucket starts, avgs, mins, maxes] of a series: the SQL's buckets (keys, sums, mins,
+    maxes, counts) with the points of its sealed chunks that straddle buckets added."""
+    keys, sums, lows, highs, counts, sealed = data
+    buckets = {
+        key: [float(total), float(low), float(high), count]
+        for key, total, low, high, count in zip(keys, sums, lows, highs, counts, strict=True)
+    }
+    for key, total, low, high, count in _sealed_buckets(sealed, params):
+        bucket = buckets.setdefault(key, [0.0, low, high, 0])
+        bucket[0] += total
+        bucket[1], bucket[2] = min(bucket[1], low), max(bucket[2], high)
+        bucket[3] += count
+    ordered = sorted(buckets.items()) if sealed else list(buckets.items())
+    step = params["step"]
+    return [
+        [key * step for key, _ in ordered],
+        [b[0] / b[3] for _, b in ordered],
+        [b[1] for _, b in ordered],
+        [b[2] for _, b in ordered],
+    ]
+
+
+def _sealed_buckets(sealed: list[list], params: dict[str, Any]) -> Iterable[tuple]:
+    """(bucket key, sum, min, max, count) of the points of these encoded chunks
+    ([e0, offsets, values] with base64 bytes) in [raw_lo, end)."""
+    if not sealed:
+        return []
+    parts = [chunk_points(e0, None, None, b64decode(ts), b64decode(vs)) for e0, ts, vs in sealed]
+    ts, values = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    inside = (ts >= params["raw_lo"]) & (ts < params["end"])
+    keys, inverse = np.unique(np.floor(ts[inside] / params["step"]), return_inverse=True)
+    values = values[inside]
+    low, high = np.full(len(keys), np.inf), np.full(len(keys), -np.inf)
+    np.minimum.at(low, inverse, values)
+    np.maximum.at(high, inverse, values)
+    sums = np.bincount(inverse, weights=values, minlength=len(keys))
+    counts = np.bincount(inverse, minlength=len(keys))
+    return zip(*(c.tolist() for c in (keys, sums, low, high, counts)), strict=True)
 
 
 def _points(
@@ -238,7 +307,10 @@ def _points(
     ts: list[float] = []
     values: list[float] = []
     ordered = True
-    for e0, offsets, chunk_values in chunks:
+    for e0, offsets, chunk_values, ts_pco, vals_pco in chunks:
+        if ts_pco is not None:  # sealed: encoded
+            offsets = ints_decode(b64decode(ts_pco)).tolist()
+            chunk_values = floats_decode(b64decode(vals_pco)).tolist()
 
         def at(offset: int, e0: float = e0) -> float:
             return e0 + offset / 1000

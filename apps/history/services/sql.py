@@ -71,9 +71,9 @@ WITH {claimed},
 {_ISLANDS.format(key=SERIES_KEY)},
 chunks AS (
     SELECT i.node_id, i.metric_id, i.gpu, i.lo * 1000 AS lo_ms, i.hi * 1000 AS hi_ms,
-           extract(epoch FROM c.t0)::float8 * 1000 AS e0_ms, c.offsets_ms, c.vals
+           extract(epoch FROM c.t0)::float8 * 1000 AS e0_ms, c.offsets_ms, c.vals, c.encoded
     FROM islands i CROSS JOIN LATERAL (
-        SELECT t0, offsets_ms, vals FROM telemetry_chunk c
+        SELECT t0, offsets_ms, vals, ts_pco IS NOT NULL AS encoded FROM telemetry_chunk c
         WHERE c.node_id = i.node_id AND c.metric_id = i.metric_id AND c.gpu = i.gpu
           AND c.t0 < to_timestamp(i.hi) AND c.t1 >= to_timestamp(i.lo)
           -- an uncompacted chunk holds one batch: it never starts long before its points
@@ -93,13 +93,22 @@ chunks AS (
     ON CONFLICT (node_id, metric_id, gpu, bucket) DO UPDATE SET
         n = EXCLUDED.n, vsum = EXCLUDED.vsum, vmin = EXCLUDED.vmin, vmax = EXCLUDED.vmax
     RETURNING node_id, metric_id, gpu, bucket
+), sealed AS (
+    SELECT DISTINCT node_id, metric_id, gpu, lo_ms, hi_ms FROM chunks WHERE encoded
 )
 {
         _HOURS_RETURNED.format(
             key=SERIES_KEY,
-            arrays="array_agg(node_id), array_agg(metric_id), array_agg(gpu), array_agg(hour)",
+            arrays="array_agg(node_id), array_agg(metric_id), array_agg(gpu), array_agg(hour), "
+            + _SEALED_ISLANDS,
         )
     }"""
+
+
+# Islands holding sealed (encoded) chunks, whose points SQL cannot unnest: their minutes are
+# recomputed in Python from every chunk of the island (apps/history/services/sealed.py).
+_SEALED_ISLANDS = """(SELECT array[array_agg(node_id), array_agg(metric_id), array_agg(gpu),
+                array_agg(lo_ms::int8), array_agg(hi_ms::int8)] FROM sealed)"""
 
 
 SAMPLE_MINUTES_SQL = _sample_minutes(_CLAIM.format(table="history_dirty_series"))
