@@ -12,7 +12,8 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_DB = "opsboard_bench"
+# The scratch database (dropped and created by each run): its own name per concurrent bench.
+BENCH_DB = os.environ.get("OPSBOARD_BENCH_DB", "opsboard_bench")
 LOG_DIR = ROOT / "var" / "bench-logs"
 
 

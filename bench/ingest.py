@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import step_disk  # noqa: E402
 from bench.common import (  # noqa: E402
     BenchStack,
     percentile,
@@ -299,6 +300,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     raw_rate = raw_copy_rate(conninfo, samples_count=min(samples, 1_000_000))
     limiter_us = rate_limiter_cost(env=stack.env)
     stored = disk_per_sample(conninfo, stack)
+    step_stored = step_disk.run_measurement(stack.env)  # a focused load: see step_disk.py
 
     print()
     print(
@@ -333,7 +335,13 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     print(f"ours / raw      {samples / e2e_s / raw_rate:.2f} (end to end)")
     print(
         f"disk per sample {stored['ingested']:.1f} B as ingested, {stored['compacted']:.1f} B "
-        f"after compaction (table + TOAST + indexes)"
+        f"after compaction (table + TOAST + indexes: timestamps {stored['timestamps']:.2f} B, "
+        f"values {stored['values']:.2f} B, row + index {stored['rest']:.2f} B)"
+    )
+    print(
+        f"disk per step report {step_stored['ingested']:.1f} B as ingested, "
+        f"{step_stored['compacted']:.1f} B after compaction (table + TOAST + indexes; "
+        f"{step_stored['reports']:,.0f} reports of 64 ranks x 2,000 steps via steps_store)"
     )
     print(
         f"chart query p95 {percentile(chart_times, 95) * 1000:.1f} ms under ingest, "
@@ -398,9 +406,14 @@ def raw_copy_rate(conninfo: str, samples_count: int) -> float:
 def disk_per_sample(conninfo: str, stack: BenchStack) -> dict[str, float]:
     import psycopg
 
+    # total, then the points' own bytes: timestamps (offsets array or encoded) and values;
+    # the rest is the row (header, t0/t1, ids, n/min/max/sum) and the indexes
     query = (
-        "SELECT pg_total_relation_size('telemetry_chunk')::float8 /"
-        " NULLIF((SELECT sum(n) FROM telemetry_chunk), 0)"
+        "SELECT pg_total_relation_size('telemetry_chunk')::float8 / sum(n),"
+        " sum(pg_column_size(offsets_ms) + coalesce(pg_column_size(ts_pco), 0))::float8"
+        "  / sum(n),"
+        " sum(pg_column_size(vals) + coalesce(pg_column_size(vals_pco), 0))::float8 / sum(n)"
+        " FROM telemetry_chunk HAVING sum(n) > 0"
     )
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("VACUUM FULL telemetry_chunk")
@@ -408,8 +421,14 @@ def disk_per_sample(conninfo: str, stack: BenchStack) -> dict[str, float]:
     stack.manage("compact_chunks", "--lookback-windows", "40")
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("VACUUM FULL telemetry_chunk")  # give back the space of merged rows
-        compacted = conn.execute(query).fetchone()[0]
-    return {"ingested": ingested, "compacted": compacted}
+        compacted, timestamps, values = conn.execute(query).fetchone()
+    return {
+        "ingested": ingested,
+        "compacted": compacted,
+        "timestamps": timestamps,
+        "values": values,
+        "rest": compacted - timestamps - values,
+    }
 
 
 if __name__ == "__main__":

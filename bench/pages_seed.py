@@ -1,5 +1,5 @@
-"""Seeding for bench/pages.py: a 256-rank run on 32 nodes × 8 GPUs, by server-side SQL, and its
-rollups built by the production code path."""
+"""Seeding for bench/pages.py: a 256-rank run on 32 nodes × 8 GPUs (`--ranks` sets NODES and
+RANKS), by server-side SQL, and its rollups built by the production code path."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ SELECT %(run)s, (%(nodes)s::int8[])[r / 8 + 1], to_timestamp(s), r, s - %(first)
        0.01, CASE WHEN r = %(slow)s THEN st - 0.06 ELSE 0.6 END,
        CASE WHEN r = %(slow)s THEN 0.0 ELSE st - 0.66 END, 4096,
        2.0 + 8.0 / (10 + (s - %(first)s) / 600.0)
-FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) s CROSS JOIN generate_series(0, 255) r
+FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) s
+CROSS JOIN generate_series(0, %(ranks)s - 1) r
 CROSS JOIN LATERAL (SELECT 1.35 + 0.02 * sin(s / 60.0) AS st) x
 """
 SLICE_S = 6 * 3600
@@ -105,7 +106,7 @@ def seed(*, conninfo: str, start: float, end: float) -> dict[str, Any]:
             began, count = time.perf_counter(), 0
             for lo in range(int(start), int(end), SLICE_S):
                 params = {"lo": lo, "hi": min(lo + SLICE_S, int(end)), "first": int(start)}
-                params |= {"run": run.id, "nodes": ids["nodes"], "slow": SLOW_RANK}
+                params |= {"run": run.id, "nodes": ids["nodes"], "slow": SLOW_RANK, "ranks": RANKS}
                 count += conn.execute(sql, params).rowcount
             print(f"seeded {count:,} {what} in {time.perf_counter() - began:.0f} s", flush=True)
         began = time.perf_counter()

@@ -184,6 +184,7 @@ CELERY_TASK_ROUTES = {
         "history.rollups_refresh",
         "history.prune",
         "telemetry.chunks_compact",
+        "runs.steps_compact",
         "ingest.inbox_sweep",
         "commands.sweep",
     )
@@ -272,6 +273,20 @@ CELERY_BEAT_SCHEDULE["history-prune"] = {
     "task": "history.prune",
     "schedule": HISTORY_PRUNE_INTERVAL,
     "options": {"expires": HISTORY_PRUNE_INTERVAL},
+}
+# Step reports move into per-rank columnar chunks (apps/runs/compaction.py) of this many
+# seconds once older than STEP_COMPACT_AFTER_S, except each run's last STEP_COMPACT_KEEP_STEPS
+# steps: readers of "the last N steps" (the detectors' window, goodput, a run's nodes and
+# ranks' places, commands' serving nodes) then always find them raw. It must exceed
+# ALERT_STEP_WINDOW and runs.selectors.PLACE_STEPS (checked by the compaction).
+STEP_CHUNK_SECONDS = envint("STEP_CHUNK_SECONDS", 600)
+STEP_COMPACT_AFTER_S = envfloat("STEP_COMPACT_AFTER_S", 600.0)
+STEP_COMPACT_KEEP_STEPS = envint("STEP_COMPACT_KEEP_STEPS", 200)
+STEP_COMPACT_INTERVAL = envfloat("STEP_COMPACT_INTERVAL", 60.0)
+CELERY_BEAT_SCHEDULE["steps-compact"] = {
+    "task": "runs.steps_compact",
+    "schedule": STEP_COMPACT_INTERVAL,
+    "options": {"expires": STEP_COMPACT_INTERVAL},
 }
 
 # --- Ingest ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from apps.commands.choices import DELIVERED_KINDS, CommandState
 from apps.commands.models import Command
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent, StepReport
+from apps.runs.selectors import step_reports
 
 # A node serves a run when it reported one of the run's last NODES_STEPS steps (as
 # apps.runs.selectors does for the run summary).
@@ -152,11 +153,13 @@ def checkpoint_ranks(*, run_id: int, step: int) -> CheckpointRanks:
             seen.started.add(rank)
         elif tier == "durable" and state == "completed":
             seen.durable.add(rank)
-    reports = StepReport.objects.filter(run_id=run_id)
-    at_step = set(reports.filter(step=step).values_list("rank", flat=True))
+    # raw and compacted alike: a checkpoint's step may be older than the raw window
+    reports = step_reports(
+        run_id=run_id, fields=("step", "rank"), step_lo=step, step_hi=step + NODES_STEPS
+    )
+    at_step = {r["rank"] for r in reports if r["step"] == step}
     with_event = set(events.values_list("rank", flat=True))
-    later = reports.filter(step__gt=step, step__lte=step + NODES_STEPS, rank__in=at_step)
-    moved_on = set(later.values_list("rank", flat=True).distinct())
+    moved_on = {r["rank"] for r in reports if r["step"] > step and r["rank"] in at_step}
     seen.unsettled = at_step - with_event - moved_on
     return seen
 

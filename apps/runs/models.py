@@ -80,6 +80,39 @@ class StepReport(models.Model):
         return f"run {self.run_id} rank {self.rank} step {self.step}"
 
 
+class StepChunk(models.Model):
+    """One rank's step reports of one run in one STEP_CHUNK_SECONDS window, columnar (the
+    format: apps/runs/chunks.py), written by the compaction (apps/runs/compaction.py) once
+    they are older than STEP_COMPACT_AFTER_S and outside the run's last
+    STEP_COMPACT_KEEP_STEPS steps. t0/t1 and the step range bound what `data` holds, so
+    readers decode only the chunks their range touches."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    rank = models.IntegerField()
+    window = models.DateTimeField(help_text="the start of the window the reports fall in")
+    t0 = models.DateTimeField()
+    t1 = models.DateTimeField()
+    step_lo = models.BigIntegerField()
+    step_hi = models.BigIntegerField()
+    n = models.IntegerField()
+    checked = models.IntegerField(help_text="how many of the reports carry a check")
+    data = models.BinaryField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "window", "rank"], name="stepchunk_unique_run_window_rank"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["run", "step_hi"], name="stepchunk_run_step_hi"),
+            BrinIndex(fields=["t0"], name="stepchunk_t0_brin"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} rank {self.rank} from {self.window:%Y-%m-%d %H:%M}"
+
+
 class RunEvent(models.Model):
     """An agent event (checkpoint, restart, oom, xid, ecc, error, log); `run` may be absent."""
 

@@ -14,6 +14,8 @@ from psycopg.types.json import Jsonb
 
 from apps.core.times import to_datetime
 from apps.runs.choices import ENDED_STATES, RunState
+from apps.runs.chunks import STEP_FIELDS
+from apps.runs.compaction import STEP_TYPES, steps_unseal
 from apps.runs.models import Run
 
 
@@ -76,48 +78,6 @@ def runs_touch(*, seen: dict[tuple[int, str], RunSeen]) -> dict[tuple[int, str],
     return ids
 
 
-STEP_FIELDS = [
-    "run_id",
-    "node_id",
-    "ts",
-    "rank",
-    "step",
-    "step_time",
-    "data_time",
-    "h2d_time",
-    "compute_time",
-    "comm_wait",
-    "tokens",
-    "loss",
-    "grad_checksum",
-    "param_checksum",
-    "canary_norm",
-    "canary_proj",
-    "shard",
-    "gpu",
-]
-STEP_TYPES = [
-    "int8",
-    "int8",
-    "timestamptz",
-    "int4",
-    "int8",
-    "float8",
-    "float8",
-    "float8",
-    "float8",
-    "float8",
-    "int8",
-    "float8",
-    "text",
-    "text",
-    "float8",
-    "float8[]",
-    "text",
-    "int2",
-]
-
-
 class StepsStored(NamedTuple):
     """What `steps_store` wrote: the report count, and run id → (first ts, last ts), for the
     caller to mark dirty for the history rollups."""
@@ -128,7 +88,8 @@ class StepsStored(NamedTuple):
 
 def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> StepsStored:
     """COPY step reports given as (run id, node id, step record), in the caller's
-    transaction. Marking the ranges for the rollups is the caller's step (the ingest store
+    transaction; a report that lands in a compacted window unseals it (steps_unseal).
+    Marking the ranges for the rollups is the caller's step (the ingest store
     step), so runs never calls into history."""
     if not steps:
         return StepsStored(0, {})
@@ -167,6 +128,7 @@ def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> StepsStored:
                     step.get("gpu"),
                 )
             )
+    steps_unseal(ranges=dirty, now=timezone.now())
     return StepsStored(len(steps), dirty)
 
 

@@ -12,7 +12,7 @@ from apps.alerts.choices import AlertEvent, AlertKind, AlertState
 from apps.alerts.models import Alert
 from apps.audit.choices import Outcome
 from apps.audit.models import AuditEntry
-from apps.runs.models import StepReport
+from apps.runs.selectors import step_reports
 from detectors.common import rel_diff
 from detectors.config import DEFAULT_CONFIG
 
@@ -94,12 +94,17 @@ def sdc_checksums(*, alert: Alert) -> list[dict[str, Any]]:
     if alert.kind != AlertKind.SDC or alert.run_id is None or alert.rank is None or not steps:
         return []
     suspects = {alert.rank, *(p for p in evidence.get("peers") or [] if isinstance(p, int))}
-    reports = StepReport.objects.filter(run_id=alert.run_id, step__in=steps)
-    shard = evidence.get("shard")
-    reports = reports.filter(shard=shard) if shard else reports.filter(shard__isnull=True)
+    shard = evidence.get("shard") or None
+    reports = step_reports(  # raw and compacted alike: an old alert's steps may be compacted
+        run_id=alert.run_id,
+        fields=("step", "rank", "shard", *CHECKSUM_FIELDS),
+        step_lo=min(steps),
+        step_hi=max(steps),
+    )
     by_step: dict[int, list[dict[str, Any]]] = {}
-    for row in reports.order_by("step", "rank").values("step", "rank", *CHECKSUM_FIELDS):
-        by_step.setdefault(row["step"], []).append(row)
+    for row in reports:
+        if row["step"] in steps and row.pop("shard") == shard:
+            by_step.setdefault(row["step"], []).append(row)
     return [_step_table(step, by_step[step], suspects) for step in steps if step in by_step]
 
 

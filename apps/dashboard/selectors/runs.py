@@ -15,7 +15,8 @@ from apps.clusters.models import Cluster
 from apps.dashboard.selectors.ranges import TimeRange
 from apps.history.selectors import run_rank_history
 from apps.runs.choices import ENDED_STATES, RunState
-from apps.runs.models import CHECKED, Run, RunEvent, StepReport
+from apps.runs.models import Run, RunEvent
+from apps.runs.selectors import run_first_report_at, step_reports
 from detectors.config import DEFAULT_CONFIG
 from detectors.sdc import minority_canary, minority_exact
 from detectors.types import StepRow
@@ -25,10 +26,10 @@ CHECKED_STEPS_MAX = 200
 
 def run_began(run: Run) -> float:
     """When the run began: its creation, or its first step report when an agent delivered
-    older reports (a spooled backlog) than that. One query on the (run, step) index."""
-    first = StepReport.objects.filter(run=run).order_by("step").values_list("ts", flat=True)[:1]
+    older reports (a spooled backlog) than that (runs.selectors.run_first_report_at)."""
+    first = run_first_report_at(run=run)
     began = run.created_at.timestamp()
-    return min([began, *(ts.timestamp() for ts in first)])
+    return began if first is None else min(began, first.timestamp())
 
 
 def run_of(*, cluster: Cluster, name: str) -> Run | None:
@@ -56,6 +57,11 @@ def ended_runs(*, cluster: Cluster, now: float) -> list[Run]:
     )
 
 
+_CHECK_COLUMNS = (
+    "step", "ts", "rank", "shard", "grad_checksum", "param_checksum", "canary_norm", "canary_proj",
+)  # fmt: skip
+
+
 def checksum_agreement(
     *, run: Run, start: float, end: float, limit: int = CHECKED_STEPS_MAX
 ) -> list[dict[str, Any]]:
@@ -63,25 +69,16 @@ def checksum_agreement(
     check and which disagreed with their shard's majority — by gradient checksum, parameter
     checksum or canary (the rules of detectors.sdc, so the page names the ranks an alert
     names). One query."""
-    rows = list(
-        StepReport.objects.filter(
-            run=run,
-            ts__gte=datetime.fromtimestamp(start, UTC),
-            ts__lt=datetime.fromtimestamp(end, UTC),
-        )
-        .filter(CHECKED)  # the partial index stepreport_run_checked
-        .order_by("-step", "rank")
-        .values_list(
-            "step",
-            "ts",
-            "rank",
-            "shard",
-            "grad_checksum",
-            "param_checksum",
-            "canary_norm",
-            "canary_proj",
-        )[: limit * max(run.world_size, 1)]
+    reports = step_reports(  # raw: the partial index stepreport_run_checked
+        run_id=run.id,
+        fields=_CHECK_COLUMNS,
+        start=datetime.fromtimestamp(start, UTC),
+        end=datetime.fromtimestamp(end, UTC),
+        checked=True,
+        newest_steps_first=True,
+        limit=limit * max(run.world_size, 1),
     )
+    rows = [tuple(report[name] for name in _CHECK_COLUMNS) for report in reports]
     groups: dict[int, dict[str | None, dict[int, StepRow]]] = defaultdict(lambda: defaultdict(dict))
     times: dict[int, float] = {}
     for step, ts, rank, shard, grad, param, norm, proj in rows:

@@ -10,14 +10,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from django.conf import settings
 from django.db import connection, transaction
 
 from apps.history.selectors.plain import plain
 from apps.history.selectors.resolution import (
     RUN_STEP_TIERS,
     STEP_TIERS,
+    TIERS,
     Resolution,
     Split,
+    _expired,
     history_meta,
     range_split,
     resolution_choose,
@@ -181,14 +184,41 @@ def _plan(
     """Resolution and rollup/raw split; call in the selector's transaction (READ_SETTINGS
     then apply to its data query). Raw reports count against the raw-point budget one per
     rank per second (the run's world size)."""
-    rolled_up_at, world = history_meta(
-        count_sql="SELECT world_size FROM runs_run WHERE id = %s", params=[run_id]
+    rolled_up_at, signed = history_meta(
+        count_sql=_WORLD_SIGNED_SQL,
+        params=[run_id, end, start, settings.STEP_CHUNK_SECONDS, start, run_id],
     )
+    world, compacted = abs(signed), signed < 0
+    now = time.time()
     res = resolution_choose(
-        start=start, end=end, max_points=max_points, now=time.time(), raw_points=False,
+        start=start, end=end, max_points=max_points, now=now, raw_points=False,
         series=world, tiers=tiers,
     )  # fmt: skip
+    if compacted:
+        res = _rolled_up(res, start=start, now=now, tiers=tiers)
     return res, range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
+
+
+# The run's world size, negative when some of its reports in [start, end) are compacted
+# (apps/runs/compaction: columnar chunks that only apps.runs decodes): folded into
+# history_meta's one query. A (run, window) index probe.
+_WORLD_SIGNED_SQL = """
+SELECT world_size * CASE WHEN EXISTS (
+    SELECT 1 FROM runs_stepchunk WHERE run_id = %s AND "window" < to_timestamp(%s)
+      AND "window" > to_timestamp(%s) - make_interval(secs => %s) AND t1 >= to_timestamp(%s)
+) THEN -1 ELSE 1 END FROM runs_run WHERE id = %s"""
+
+
+def _rolled_up(res: Resolution, *, start: float, now: float, tiers: tuple[str, ...]) -> Resolution:
+    """A range with compacted reports is read from the finest rollup tier that still covers
+    `start` instead of raw: the compaction never runs ahead of the rollups (it leaves a
+    window raw until the rollup pass took it), so they hold every report."""
+    if res.source != "raw":
+        return res
+    retained = [n for n in tiers if not _expired(start, now, getattr(settings, TIERS[n][1]))]
+    name = (retained or [tiers[-1]])[0]
+    width = TIERS[name][0]
+    return Resolution(step=math.ceil(res.step / width) * width, source=name)  # type: ignore[arg-type]
 
 
 def _split_at(start: float, end: float, res: Resolution) -> Split:

@@ -45,6 +45,8 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from apps.core.db import server_cursor
+from apps.core.times import to_datetime
+from apps.history.services.sealed import sealed_minutes_recompute
 from apps.history.services.sql import (
     CLAIM_RUNS_SQL,
     CLAIM_SERIES_SQL,
@@ -157,8 +159,14 @@ class _Source:
 
 
 def _sample_hours(cursor: Any, result: tuple, floors: dict[str, float]) -> None:
-    if result[1]:
-        cursor.execute(SAMPLE_HOURS_SQL, [*result[1:], floors["hour"]])
+    """The hours of the minutes just written, after the minutes of islands holding sealed
+    chunks were recomputed (their points are encoded: see sealed.py)."""
+    hours = set(zip(*result[1:5], strict=True)) if result[1] else set()
+    for node_id, metric_id, gpu, hour in sealed_minutes_recompute(cursor, islands=result[5]):
+        hours.add((node_id, metric_id, gpu, to_datetime(hour)))
+    if hours:
+        columns = [list(column) for column in zip(*sorted(hours), strict=True)]
+        cursor.execute(SAMPLE_HOURS_SQL, [*columns, floors["hour"]])
 
 
 def _step_tiers(cursor: Any, result: tuple, floors: dict[str, float]) -> None:
@@ -304,6 +312,7 @@ class PruneTarget:
 PRUNE_TARGETS = (
     PruneTarget("telemetry_chunk", "t0 < %(cutoff)s AND t1 < %(cutoff)s", "RAW"),
     PruneTarget("runs_stepreport", "ts < %(cutoff)s", "RAW"),
+    PruneTarget("runs_stepchunk", "t0 < %(cutoff)s AND t1 < %(cutoff)s", "RAW"),
     PruneTarget("history_sample_1m", "bucket < %(cutoff)s", "1M"),
     PruneTarget("history_step_10s", "bucket < %(cutoff)s", "10S"),
     PruneTarget("history_runstep_10s", "bucket < %(cutoff)s", "10S"),
