@@ -71,6 +71,16 @@
       .catch(() => {});  // the live messages still come; the next snapshot tries again
   }
 
+  // The websocket carries every change, but a busy channel layer may drop a message (its
+  // per-channel capacity) without the socket closing: while a command is still live, the
+  // list is read again every RECHECK_MS as a safety net.
+  const RECHECK_MS = 10000;
+  const LIVE = new Set(["issued", "delivered", "accepted"]);
+  setInterval(() => {
+    const rows = body.querySelectorAll("tr[data-command-id]");
+    if ([...rows].some((row) => LIVE.has(row.dataset.state))) reload();
+  }, RECHECK_MS);
+
   document.addEventListener("opsboard:command", (event) => apply(event.detail.command));
   document.addEventListener("opsboard:snapshot", (event) => {
     if (event.detail.cluster === table.dataset.cluster) reload();
