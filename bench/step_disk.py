@@ -1,11 +1,12 @@
 """Disk per step report, as ingested and after compaction (issue 15, point 2).
 
 A focused measurement beside the ingest benchmark's load: RANKS × STEPS step reports with
-simulator-like values (every phase timed, full float precision, a loss that decays with
-noise, a check every CHECK_EVERY steps) stored through the runs service the ingest worker
-calls (`steps_store`, batches of BATCH_STEPS steps of every rank), then compacted with the
-real compaction (`steps_compact`). Both figures are pg_total_relation_size (table, TOAST,
-indexes) after VACUUM FULL, divided by the reports the table holds.
+simulator-like values (every phase timed, sent at full float precision and stored to the
+microsecond, a loss that decays with noise, a check every CHECK_EVERY steps) stored through
+the runs service the ingest worker calls (`steps_store`, batches of BATCH_STEPS steps of
+every rank), then compacted with the real compaction (`steps_compact`). Both figures are
+pg_total_relation_size (table, TOAST, indexes) after VACUUM FULL, divided by the reports the
+table holds.
 
 Run by bench/ingest.py against its scratch database (DATABASE_URL in the environment);
 alone: `DATABASE_URL=… python -m bench.step_disk` prints the figures as JSON.

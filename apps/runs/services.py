@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 
 from apps.core.times import to_datetime
 from apps.runs.choices import ENDED_STATES, RunState
-from apps.runs.chunks import STEP_FIELDS
+from apps.runs.chunks import DURATION_DECIMALS, STEP_FIELDS
 from apps.runs.compaction import STEP_TYPES, steps_unseal
 from apps.runs.models import Run
 
@@ -78,6 +78,13 @@ def runs_touch(*, seen: dict[tuple[int, str], RunSeen]) -> dict[tuple[int, str],
     return ids
 
 
+def _duration(seconds: float | None) -> float | None:
+    """A step phase's duration as stored: to the microsecond. The phases are timed with
+    perf_counter, and digits below a microsecond are noise that costs ≈ 4 B a value on disk
+    (docs/contract.md); every reader (rollups, detectors, pages) reads the stored value."""
+    return None if seconds is None else round(float(seconds), DURATION_DECIMALS)
+
+
 class StepsStored(NamedTuple):
     """What `steps_store` wrote: the report count, and run id → (first ts, last ts), for the
     caller to mark dirty for the history rollups."""
@@ -89,6 +96,7 @@ class StepsStored(NamedTuple):
 def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> StepsStored:
     """COPY step reports given as (run id, node id, step record), in the caller's
     transaction; a report that lands in a compacted window unseals it (steps_unseal).
+    Durations are stored to the microsecond (`_duration`).
     Marking the ranges for the rollups is the caller's step (the ingest store
     step), so runs never calls into history."""
     if not steps:
@@ -113,11 +121,11 @@ def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> StepsStored:
                     ts,
                     step["rank"],
                     step["step"],
-                    step["step_time"],
-                    step.get("data_time"),
-                    step.get("h2d_time"),
-                    step.get("compute_time"),
-                    step.get("comm_wait"),
+                    _duration(step["step_time"]),
+                    _duration(step.get("data_time")),
+                    _duration(step.get("h2d_time")),
+                    _duration(step.get("compute_time")),
+                    _duration(step.get("comm_wait")),
                     step.get("tokens"),
                     step.get("loss"),
                     step.get("grad_checksum"),

@@ -12,6 +12,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -21,7 +22,13 @@ from apps.dashboard.selectors.runs import checksum_agreement, run_began
 from apps.history.selectors import run_rank_history
 from apps.history.services import history_prune, rollups_refresh
 from apps.ingest.services import inbox_drain
-from apps.runs.chunks import STEP_FIELDS, chunk_decode, chunk_encode
+from apps.runs.chunks import (
+    DURATION_FIELDS,
+    FORMAT_VERSION,
+    STEP_FIELDS,
+    chunk_decode,
+    chunk_encode,
+)
 from apps.runs.compaction import keep_steps, steps_compact
 from apps.runs.models import Run, StepChunk, StepReport
 from apps.runs.selectors import rank_stage_history, run_summary, step_reports
@@ -122,6 +129,28 @@ def test_it_round_trips_reports_through_chunks_exactly(client, token, base):
     assert sum(c.n for c in chunks) == moved
     assert all_reports(run) == before  # nulls, checksums, canary arrays, gpu, shard
     assert compact() == 0  # nothing left to move
+    assert {bytes(c.data)[0] for c in chunks} == {FORMAT_VERSION}
+    stored = step_reports(run_id=run.id, fields=DURATION_FIELDS)
+    assert all(round(v, 6) == v for r in stored for v in r.values() if v is not None)
+
+
+def test_it_stores_durations_to_the_microsecond_and_other_floats_as_sent(client, token, base):
+    sent = {
+        "ts": base, "rank": 0, "step": 1, "step_time": 0.1234567891, "data_time": 4e-7,
+        "h2d_time": 2, "compute_time": 0.0300004, "comm_wait": 9_999_999.9999996,
+        "loss": 0.1234567891, "canary": {"norm": 0.1234567891, "proj": [0.1234567891]},
+    }  # fmt: skip
+    post(client, token[1], {"batch_id": "b1", "node": "n", "run": "r", "steps": [sent]})
+
+    stored = StepReport.objects.values().get()
+    assert (stored["step_time"], stored["data_time"], stored["h2d_time"]) == (0.123457, 0.0, 2.0)
+    assert (stored["compute_time"], stored["comm_wait"]) == (0.03, 10_000_000.0)
+    assert stored["loss"] == stored["canary_norm"] == 0.1234567891
+    assert stored["canary_proj"] == [0.1234567891]
+    rollups_refresh()  # what the rollups (step charts, detectors' history) derive: the same
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT step_time_sum, step_time_max FROM history_step_10s")
+        assert cursor.fetchall() == [(0.123457, 0.123457)]
 
 
 def test_it_merges_a_late_report_into_its_compacted_window_once(client, token, base):
