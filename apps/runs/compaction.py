@@ -2,7 +2,7 @@
 
 `steps_compact` moves raw reports older than STEP_COMPACT_AFTER_S and outside their run's
 last STEP_COMPACT_KEEP_STEPS steps into one `runs_stepchunk` row per run, rank and
-STEP_CHUNK_SECONDS window (apps/runs/chunks.py: ≈ 21 B a report instead of ≈ 236 (bench/step_disk.py)), merging
+STEP_CHUNK_SECONDS window (apps/runs/chunks.py: ≈ 21 B a report instead of ≈ 236), merging
 them into the window's chunk when it exists. Each (run, window) is one transaction: DELETE the
 raw rows and the old chunks, INSERT the merged chunks, so a crash loses nothing and doubles
 nothing, and every report is kept as it was stored (ingest's exactly-once is the inbox's:
