@@ -1,5 +1,6 @@
 """History benchmark: every dashboard page and chart endpoint, and the history selectors, over
-a seeded run of 256 ranks on 32 nodes × 8 GPUs, timed server side against a 300 ms target.
+a seeded run of 256 ranks on 32 nodes × 8 GPUs (`--ranks`), timed server side against a 300 ms
+target.
 
     make bench                     # or: python bench/pages.py --hours 72 --reps 7
     python bench/pages.py --hours 6 --reps 3   # a quick check
@@ -32,10 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import bench.common as common  # noqa: E402
+import bench.pages_seed as pages_seed  # noqa: E402
 from bench.common import percentile, prepare_database  # noqa: E402
 from bench.pages_seed import CLUSTER, RUN, rollups_build, seed  # noqa: E402
 
-common.BENCH_DB = "opsboard_bench_pages"  # its own scratch database: other benches drop theirs
+common.BENCH_DB = f"{common.BENCH_DB}_pages"  # its own scratch database: others drop theirs
 
 TARGET_MS = 300.0
 RANGES = {"15m": 900, "6h": 6 * 3600, "24h": 24 * 3600, "72h": 72 * 3600}
@@ -47,6 +49,9 @@ WINDOW = 600
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hours", type=float, default=72.0, help="history to seed (72)")
+    parser.add_argument(
+        "--ranks", type=int, default=pages_seed.RANKS, help="ranks to seed, 8 a node (256)"
+    )
     parser.add_argument("--reps", type=int, default=7, help="repetitions per timing (7)")
     parser.add_argument("--page-reps", type=int, default=3, help="repetitions per URL (3)")
     parser.add_argument(
@@ -61,6 +66,8 @@ def main() -> None:
         help="skip sections (selectors,raw,generic,pages) and URLs containing a word",
     )
     args = parser.parse_args()
+    pages_seed.NODES, pages_seed.RANKS = max(1, args.ranks // pages_seed.GPUS), args.ranks
+    pages_seed.SLOW_RANK %= args.ranks
 
     if args.reuse:
         from urllib.parse import urlsplit, urlunsplit
@@ -88,7 +95,8 @@ def main() -> None:
         start = end - round(args.hours * 3600 / WINDOW) * WINDOW
         ids = seed(conninfo=conninfo, start=start, end=end)
         rollups_build(conninfo=conninfo, start=start, end=end)
-    print(f"{args.hours:g} h of history ending {time.strftime('%H:%M', time.gmtime(end))} UTC")
+    ending = time.strftime("%H:%M", time.gmtime(end))
+    print(f"{pages_seed.RANKS:,} ranks, {args.hours:g} h of history ending {ending} UTC")
 
     table = Table()
     if "selectors" not in args.skip:
@@ -178,13 +186,16 @@ def selector_cases(ids: dict[str, Any]) -> dict[str, Callable[..., Any]]:
 
         return call
 
+    nodes, ranks = f"{len(ids['nodes'])} nodes", f"{pages_seed.RANKS} ranks"
     return {
         "metric_history 1 node, 1 GPU": metric(ids["nodes"][:1], 3),
         "metric_history 1 node, all 8 GPUs": metric(ids["nodes"][:1], "all"),
-        "metric_history 32 nodes, all GPUs (256 series)": metric(ids["nodes"], "all"),
+        f"metric_history {nodes}, all GPUs ({pages_seed.RANKS} series)": metric(
+            ids["nodes"], "all"
+        ),
         "run_step_history (run as a whole)": steps(run_step_history, run_step_history_at),
-        "run_rank_history 256 ranks": steps(run_rank_history, run_rank_history_at),
-        "run_rank_history 256 ranks, 120 points (the heat-map)": steps(
+        f"run_rank_history {ranks}": steps(run_rank_history, run_rank_history_at),
+        f"run_rank_history {ranks}, 120 points (the heat-map)": steps(
             run_rank_history, run_rank_history_at, max_points=120
         ),
     }
@@ -220,7 +231,7 @@ def raw_vs_rollup(table: Table, *, ids: dict, end: float, hours: float, reps: in
                 continue
             step, source = steps[key]
             # a raw read of many series over a day or more takes many seconds: time it once
-            heavy = span * (8 if "1 node" in name else 256) > RAW_TIMED_ONCE
+            heavy = span * (8 if "1 node" in name else pages_seed.RANKS) > RAW_TIMED_ONCE
             for src in ("raw", source):
                 res = Resolution(step=step, source=src)
                 times, _ = timed(
@@ -287,7 +298,12 @@ def page_timings(table: Table, *, reps: int, skip: list[str], end: float) -> Non
     table.section(
         "dashboard pages and chart data (in-process test client, clock at the seed's end)"
     )
+    from apps.access.services import role_grant
+    from apps.clusters.models import Cluster
+
     user, _ = get_user_model().objects.get_or_create(username="bench", is_staff=True)
+    # pages show only the clusters the user holds a role in (404 otherwise): a viewer's view
+    role_grant(user=user, cluster=Cluster.objects.get(name=CLUSTER), role="viewer")
     client = Client()
     client.force_login(user)
     real_time, offset = time.time, time.time() - end
