@@ -74,7 +74,6 @@ def main() -> None:
 
         parts = urlsplit(os.environ["DATABASE_URL"])
         os.environ["DATABASE_URL"] = urlunsplit(parts._replace(path=f"/{common.BENCH_DB}"))
-        os.environ.setdefault("DEBUG", "true")
     else:
         env, conninfo = prepare_database()
         os.environ.update(env)
