@@ -34,7 +34,7 @@ from urllib.parse import urlencode, urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import BenchStack, percentile, prepare_database  # noqa: E402
+from bench.common import BenchStack, inbox_wait_empty, percentile, prepare_database  # noqa: E402
 from bench.ingest import Senders, make_bodies  # noqa: E402
 
 CLUSTER, RUN = "bench", "bench-run"
@@ -199,18 +199,9 @@ class IngestPhase:
 
 
 def ingest_phase(stack: BenchStack, conninfo: str, secret: str, bodies, rate: float) -> IngestPhase:
-    import psycopg
-
     senders = Senders(stack.url, secret, bodies, rate)
     senders.run()
-    while True:  # until every batch is committed
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            left = conn.execute(
-                "SELECT count(*) FROM ingest_inboxbatch WHERE processed_at IS NULL"
-            ).fetchone()[0]
-        if left == 0:
-            break
-        time.sleep(0.2)
+    inbox_wait_empty(conninfo)
     committed_at = time.monotonic()
     samples = sum(len(b) for b in bodies) * 1000
     return IngestPhase(

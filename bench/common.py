@@ -174,3 +174,19 @@ def percentile(values: list[float], pct: float) -> float:
         return math.nan
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+def inbox_wait_empty(conninfo_: str) -> None:
+    """Until every accepted batch is committed (no unprocessed inbox row)."""
+    import time
+
+    import psycopg
+
+    while True:
+        with psycopg.connect(conninfo_, autocommit=True) as conn:
+            left = conn.execute(
+                "SELECT count(*) FROM ingest_inboxbatch WHERE processed_at IS NULL"
+            ).fetchone()[0]
+        if left == 0:
+            return
+        time.sleep(0.2)

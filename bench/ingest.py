@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from bench import step_disk  # noqa: E402
 from bench.common import (  # noqa: E402
     BenchStack,
+    inbox_wait_empty,
     percentile,
     prepare_database,
     sample_rows,
@@ -271,14 +272,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     senders.run()
     chart.stop.set()
     chart_thread.join()
-    while True:  # until every bench batch is committed
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            left = conn.execute(
-                "SELECT count(*) FROM ingest_inboxbatch WHERE processed_at IS NULL"
-            ).fetchone()[0]
-        if left == 0:
-            break
-        time.sleep(0.2)
+    inbox_wait_empty(conninfo)
     committed_at = time.monotonic()
     probe.stop.set()
     watch_stop.set()

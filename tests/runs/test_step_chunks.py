@@ -32,6 +32,7 @@ from apps.runs.chunks import (
 from apps.runs.compaction import keep_steps, steps_compact
 from apps.runs.models import Run, StepChunk, StepReport
 from apps.runs.selectors import rank_stage_history, run_summary, step_reports
+from tests.runs.test_step_chunk_format import v1_edge_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -265,17 +266,7 @@ def test_it_reads_only_the_bounds_asked_for_from_chunks(client, token, base):
 
 
 def test_the_chunk_format_keeps_edge_values():
-    at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
-    rows = [
-        {"run_id": 1, "rank": 0, "ts": at + timedelta(microseconds=i), "node_id": 2**40,
-         "step": -5 + i, "step_time": 5e-324 if i else 1e308, "data_time": None,
-         "h2d_time": -0.0, "compute_time": 0.1, "comm_wait": None if i == 1 else 0.3,
-         "tokens": None if i else 2**62, "loss": float("inf") if i == 2 else 2.5,
-         "grad_checksum": "" if i == 0 else None, "param_checksum": "é" * 3,
-         "canary_norm": None, "canary_proj": [] if i == 0 else None, "shard": None,
-         "gpu": None}
-        for i in range(3)
-    ]  # fmt: skip
+    rows = v1_edge_rows()  # the same reports the format-1 capture holds
 
     decoded = chunk_decode(chunk_encode(rows), run_id=1, rank=0)
 
