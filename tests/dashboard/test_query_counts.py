@@ -26,7 +26,9 @@ def xid_alerts(cluster, nodes: int) -> None:
 # Pinned: a change here is a change in how the page reads (session and user included).
 PAGES = {
     "overview": ("/clusters/{c}/", 10),  # + ended runs, the detectors' last pass, runs per node
-    "run": ("/clusters/{c}/runs/" + RUN + "/", 23),  # + its commands, the plan (2), rank places
+    # + its commands, the plan (2), rank places; a chunk probe each for the run's first report
+    # and the checksum table (step reports older than the raw window live in chunks)
+    "run": ("/clusters/{c}/runs/" + RUN + "/", 25),
     "node": ("/clusters/{c}/nodes/node-00/", 20),  # + its commands, its runs and ranks
     "alerts": ("/alerts/?cluster={c}", 5),
 }
