@@ -138,8 +138,9 @@ class CheckpointRanks:
     started: set[int | None] = field(default_factory=set)
     durable: set[int | None] = field(default_factory=set)
     failed: set[int | None] = field(default_factory=set)
-    # Ranks that reported the step but neither a checkpoint event of it nor a later step:
-    # whether they save is not known yet (their events may still be on the way).
+    # Ranks active around the step (a report among the NODES_STEPS steps up to it) with
+    # neither a checkpoint event of the step nor a later step stored: whether they save is
+    # not known yet (their reports and events may still be on the way).
     unsettled: set[int | None] = field(default_factory=set)
 
 
@@ -155,12 +156,15 @@ def checkpoint_ranks(*, run_id: int, step: int) -> CheckpointRanks:
             seen.durable.add(rank)
     # raw and compacted alike: a checkpoint's step may be older than the raw window
     reports = step_reports(
-        run_id=run_id, fields=("step", "rank"), step_lo=step, step_hi=step + NODES_STEPS
+        run_id=run_id,
+        fields=("step", "rank"),
+        step_lo=step - NODES_STEPS,
+        step_hi=step + NODES_STEPS,
     )
-    at_step = {r["rank"] for r in reports if r["step"] == step}
+    ranks = {r["rank"] for r in reports if r["step"] <= step}
     with_event = set(events.values_list("rank", flat=True))
-    moved_on = {r["rank"] for r in reports if r["step"] > step and r["rank"] in at_step}
-    seen.unsettled = at_step - with_event - moved_on
+    moved_on = {r["rank"] for r in reports if r["step"] > step}
+    seen.unsettled = ranks - with_event - moved_on
     return seen
 
 
