@@ -32,6 +32,9 @@ class CommandStub:
         self.commands: dict[str, dict[str, Any]] = {}
         self.states: dict[str, str] = {}
         self.acks: list[tuple[str, dict[str, Any], float]] = []
+        # monotonic time a poll answer first carried each command: before anything the
+        # agent does with it (its acks are queued and may reach us later than that)
+        self.delivered_at: dict[str, float] = {}
         self.polls: list[Request] = []
         self.batches: list[dict[str, Any]] = []
         self.plans: dict[str, dict[str, Any]] = {}
@@ -103,6 +106,7 @@ class CommandStub:
             for command in offered:
                 if self.states[command["id"]] == "issued":
                     self.states[command["id"]] = "delivered"
+                    self.delivered_at[command["id"]] = time.monotonic()
         return _json(200, {"commands": offered})
 
     def _ack(self, request: Request) -> Answer:
