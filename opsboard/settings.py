@@ -296,6 +296,14 @@ INGEST_MAX_RECORDS = envint("INGEST_MAX_RECORDS", 20_000)
 INGEST_SWEEP_AGE = envfloat("INGEST_SWEEP_AGE", 30.0)
 # How many inbox rows one worker transaction drains when a backlog builds up.
 INGEST_DRAIN_ROWS = envint("INGEST_DRAIN_ROWS", 20)
+# One drain task is pending per queue at a time (a Redis flag, leased for this many seconds).
+# The lease is short: a task that no worker will run (lost with a killed worker, or taken
+# by another deployment on the same queue) blocks new wake-ups for at most this long; a
+# spare task when a queued one outlives it costs one empty claim. A task drains until the
+# inbox is empty, at most this many transactions and seconds, then hands on.
+INGEST_DRAIN_PENDING_TTL = envfloat("INGEST_DRAIN_PENDING_TTL", 1.0)
+INGEST_DRAIN_TASK_ROUNDS = envint("INGEST_DRAIN_TASK_ROUNDS", 10)
+INGEST_DRAIN_TASK_SECONDS = envfloat("INGEST_DRAIN_TASK_SECONDS", 1.0)
 # Django's own cap must not cut a body before the ingest middleware judges it.
 DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES + 1024
 INGEST_RETRY_AFTER = envint("INGEST_RETRY_AFTER", 5)

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import psycopg
+import redis
 from django import db
 from django.conf import settings
 from django.db import connection, transaction
@@ -19,6 +20,7 @@ from django.db import connection, transaction
 from apps.clusters.models import AgentToken, Node
 from apps.clusters.services import nodes_touch
 from apps.core.db import server_cursor
+from apps.core.redis import redis_client
 from apps.core.tasks import queue_length, task_enqueue
 from apps.history.services import runs_mark_dirty, series_mark_dirty
 from apps.ingest.models import decode_payload
@@ -75,16 +77,75 @@ class _BrokerBreaker:
 _breaker = _BrokerBreaker()
 
 
-def batch_enqueue(*, inbox_id: int) -> bool:
+def batch_enqueue(*, inbox_id: int | None) -> bool:
+    """Wake a drain for a committed inbox row; True when this call published a drain task.
+
+    One drain task is pending per queue at a time: a call publishes only when it wins the
+    pending flag (SET NX, a lease of INGEST_DRAIN_PENDING_TTL). A call that loses needs no
+    task of its own: the pending one clears the flag when it starts, before it claims, so it
+    sees this row. A row whose wake-up is lost (flag lease on a lost task, broker down) waits
+    for the inbox sweep."""
     if not _breaker.allows():
         return False
+    if not _drain_pending_take():
+        return False
     try:
+        # the id (or None) as the one argument: a worker of the previous version runs it too
         task_enqueue(BATCH_PROCESS_TASK, inbox_id, retry=False)
     except Exception:  # any broker failure: the row is durable, the sweep will enqueue it
         logger.warning("broker unavailable; inbox row %s left for the sweep", inbox_id)
         _breaker.trip()
+        _drain_pending_clear()  # the lease is on no task: let the next call try again
         return False
     return True
+
+
+def _drain_pending_key() -> str:
+    # one flag per queue: the default queue is named after the prefix
+    return f"{settings.REDIS_PREFIX}:ingest:drain-pending"
+
+
+def _drain_pending_take() -> bool:
+    """Take the pending flag; True when taken, or when Redis failed (publish anyway: a spare
+    task drains nothing, a lost wake-up would wait for the sweep)."""
+    ttl_ms = max(1, int(settings.INGEST_DRAIN_PENDING_TTL * 1000))
+    try:
+        return bool(redis_client().set(_drain_pending_key(), b"1", nx=True, px=ttl_ms))
+    except redis.RedisError:
+        logger.warning("redis unavailable; publishing the drain without the pending flag")
+        return True
+
+
+def _drain_pending_clear() -> None:
+    try:
+        redis_client().delete(_drain_pending_key())
+    except redis.RedisError:  # the lease expires by itself; until then the next drain covers
+        logger.warning("redis unavailable; the drain-pending flag expires by itself")
+
+
+def inbox_drain_pending(*, first_id: int | None) -> DrainResult:
+    """The drain task's work: clear the pending flag, then drain until the inbox is empty.
+
+    The flag is cleared first, so a batch accepted from now on publishes a task of its own,
+    which another worker process runs in parallel (the claim skips locked rows). Every row
+    committed before the clear is drained here: by a transaction that claims fewer rows than
+    INGEST_DRAIN_ROWS, all unlocked rows were claimed. The work per task is bounded
+    (INGEST_DRAIN_TASK_ROUNDS transactions, INGEST_DRAIN_TASK_SECONDS) so that other tasks on
+    the queue are not starved; a task that stops with rows left wakes another drain."""
+    _drain_pending_clear()
+    limit = max(1, settings.INGEST_DRAIN_ROWS)
+    deadline = time.monotonic() + settings.INGEST_DRAIN_TASK_SECONDS
+    total = DrainResult()
+    for _ in range(max(1, settings.INGEST_DRAIN_TASK_ROUNDS)):
+        drained = inbox_drain(first_id=first_id, limit=limit)
+        first_id = None
+        total.add(drained)
+        if drained.claimed < limit:
+            return total
+        if time.monotonic() >= deadline:
+            break
+    batch_enqueue(inbox_id=None)
+    return total
 
 
 @dataclass
@@ -94,6 +155,15 @@ class DrainResult:
     steps: int = 0
     events: int = 0
     nodes: set[tuple[int, int]] = field(default_factory=set)  # (cluster id, node id)
+    claimed: int = 0  # rows claimed: stored (counted in `batches`) or quarantined
+
+    def add(self, other: DrainResult) -> None:
+        self.batches += other.batches
+        self.samples += other.samples
+        self.steps += other.steps
+        self.events += other.events
+        self.nodes |= other.nodes
+        self.claimed += other.claimed
 
 
 def inbox_drain(*, first_id: int | None, limit: int) -> DrainResult:
@@ -123,7 +193,7 @@ def inbox_drain(*, first_id: int | None, limit: int) -> DrainResult:
                 " WHERE id = ANY(%s)",
                 [stored_ids],
             )
-        stored.batches = len(stored_ids)
+        stored.batches, stored.claimed = len(stored_ids), len(rows)
         transaction.on_commit(lambda: live_mark_dirty(nodes=stored.nodes))
     return stored
 

@@ -15,9 +15,10 @@ from apps.ingest import services
     retry_backoff_max=30,
     max_retries=None,
 )
-def batch_process(inbox_id: int) -> int:
-    """Store inbox row `inbox_id` (and, in a backlog, the rows queued behind it)."""
-    return services.inbox_drain(first_id=inbox_id, limit=settings.INGEST_DRAIN_ROWS).batches
+def batch_process(inbox_id: int | None = None) -> int:
+    """Drain the inbox, inbox row `inbox_id` first when given (tasks from the sweep, or
+    queued by an older version, name one)."""
+    return services.inbox_drain_pending(first_id=inbox_id).batches
 
 
 @shared_task(name="ingest.inbox_sweep", ignore_result=True)
