@@ -13,6 +13,7 @@ converted here and stored unconverted there.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from django.conf import settings
@@ -142,19 +143,9 @@ class Event(Record):
 
     @model_validator(mode="after")
     def fields_of_kind(self) -> Event:
-        required = {
-            "checkpoint": ("step", "tier", "state"),
-            "xid": ("gpu", "code"),
-            "ecc": ("gpu", "count"),
-            "run_end": ("state",),
-        }.get(self.kind, ())
-        missing = [name for name in required if getattr(self, name) is None]
-        if missing:
-            raise ValueError(f"a {self.kind} event needs {', '.join(missing)}")
-        if self.kind == "run_end" and self.state not in ("finished", "failed"):
-            raise ValueError("a run_end event's state is finished or failed")
-        if self.kind == "checkpoint" and self.state == "finished":
-            raise ValueError("a checkpoint event's state is started, completed or failed")
+        problem = event_problem(self, getattr)
+        if problem:
+            raise ValueError(problem)
         return self
 
 
@@ -221,28 +212,13 @@ class IngestBatch(Record):
 
     @model_validator(mode="after")
     def record_limit(self) -> IngestBatch:
-        count = len(self.samples) + len(self.steps) + len(self.events)
-        if count > settings.INGEST_MAX_RECORDS:
-            raise TooManyRecords(f"{count} records, at most {settings.INGEST_MAX_RECORDS}")
+        if problem := record_count_problem(self.samples, self.steps, self.events):
+            raise TooManyRecords(problem)
         return self
 
     @model_validator(mode="after")
     def ts_in_window(self) -> IngestBatch:
-        """Every `ts` within [now − 7 days, now + 5 minutes]; one pass over the records."""
-        now = time.time()
-        low, high = now - PAST_LIMIT_S, now + FUTURE_LIMIT_S
-        errors = []
-        for name in ("samples", "steps", "events"):
-            for index, record in enumerate(getattr(self, name)):
-                if not low <= record.ts <= high:
-                    errors.append(
-                        {
-                            "loc": f"{name}[{index}].ts",
-                            "msg": "more than 5 minutes in the future"
-                            if record.ts > high
-                            else "more than 7 days in the past",
-                        }
-                    )
+        errors = ts_window_errors(self.samples, self.steps, self.events, getattr)
         if errors:
             raise BatchRejected(errors)
         return self
@@ -250,11 +226,82 @@ class IngestBatch(Record):
     @field_validator("run")
     @classmethod
     def run_with_steps(cls, run: str | None, info: ValidationInfo) -> str | None:
-        if not run and info.data.get("steps"):
-            raise ValueError("required when steps is not empty")
-        if not run and any(e.kind == "run_end" for e in info.data.get("events") or ()):
-            raise ValueError("required with a run_end event")
+        problem = run_problem(run, info.data.get("steps"), info.data.get("events"), getattr)
+        if problem:
+            raise ValueError(problem)
         return run
+
+
+# The rules across fields and records, over models (field = getattr) or over the plain dicts
+# of the fast check in apps.ingest.validation (field = dict.get): written once for both.
+Field_ = Callable[[Any, str], Any]
+
+EVENT_NEEDS = {
+    "checkpoint": ("step", "tier", "state"),
+    "xid": ("gpu", "code"),
+    "ecc": ("gpu", "count"),
+    "run_end": ("state",),
+}
+
+
+def event_problem(event: Any, field: Field_) -> str | None:
+    kind, state = field(event, "kind"), field(event, "state")
+    missing = [name for name in EVENT_NEEDS.get(kind, ()) if field(event, name) is None]
+    if missing:
+        return f"a {kind} event needs {', '.join(missing)}"
+    if kind == "run_end" and state not in ("finished", "failed"):
+        return "a run_end event's state is finished or failed"
+    if kind == "checkpoint" and state == "finished":
+        return "a checkpoint event's state is started, completed or failed"
+    return None
+
+
+def record_count_problem(samples: Sequence, steps: Sequence, events: Sequence) -> str | None:
+    count = len(samples) + len(steps) + len(events)
+    if count > settings.INGEST_MAX_RECORDS:
+        return f"{count} records, at most {settings.INGEST_MAX_RECORDS}"
+    return None
+
+
+def ts_window_errors(
+    samples: Sequence, steps: Sequence, events: Sequence, field: Field_
+) -> list[dict[str, str]]:
+    """Every `ts` within [now − 7 days, now + 5 minutes]; one pass over the records."""
+    now = time.time()
+    low, high = now - PAST_LIMIT_S, now + FUTURE_LIMIT_S
+    errors = []
+    for name, records in (("samples", samples), ("steps", steps), ("events", events)):
+        for index, record in enumerate(records):
+            ts = field(record, "ts")
+            if not low <= ts <= high:
+                late = "more than 5 minutes in the future"
+                errors.append(
+                    {
+                        "loc": f"{name}[{index}].ts",
+                        "msg": late if ts > high else "more than 7 days in the past",
+                    }
+                )
+    return errors
+
+
+def run_problem(run: str | None, steps: Any, events: Any, field: Field_) -> str | None:
+    if not run and steps:
+        return "required when steps is not empty"
+    if not run and any(field(e, "kind") == "run_end" for e in events or ()):
+        return "required with a run_end event"
+    return None
+
+
+def batch_problems(
+    *, samples: Sequence, steps: Sequence, events: Sequence, run: str | None, field: Field_
+) -> bool:
+    """True when a batch whose records each passed breaks a rule across them."""
+    return bool(
+        record_count_problem(samples, steps, events)
+        or run_problem(run, steps, events, field)
+        or any(event_problem(event, field) for event in events)
+        or ts_window_errors(samples, steps, events, field)
+    )
 
 
 class Accepted(BaseModel):
