@@ -186,6 +186,7 @@ CELERY_TASK_ROUTES = {
         "telemetry.chunks_compact",
         "runs.steps_compact",
         "ingest.inbox_sweep",
+        "ingest.inbox_prune",
         "commands.sweep",
     )
 }
@@ -274,6 +275,9 @@ CELERY_BEAT_SCHEDULE["history-prune"] = {
     "schedule": HISTORY_PRUNE_INTERVAL,
     "options": {"expires": HISTORY_PRUNE_INTERVAL},
 }
+# processed inbox rows, once their batch_id can no longer matter (apps/ingest/services/prune.py)
+CELERY_BEAT_SCHEDULE["inbox-prune"] = {**CELERY_BEAT_SCHEDULE["history-prune"]}
+CELERY_BEAT_SCHEDULE["inbox-prune"]["task"] = "ingest.inbox_prune"
 # Step reports move into per-rank columnar chunks (apps/runs/compaction.py) of this many
 # seconds once older than STEP_COMPACT_AFTER_S, except each run's last STEP_COMPACT_KEEP_STEPS
 # steps: readers of "the last N steps" (the detectors' window, goodput, a run's nodes and

@@ -1,7 +1,9 @@
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from apps.ingest import services
+from apps.ingest.services import prune
 
 
 @shared_task(
@@ -24,3 +26,8 @@ def batch_process(inbox_id: int | None = None) -> int:
 @shared_task(name="ingest.inbox_sweep", ignore_result=True)
 def inbox_sweep() -> int:
     return services.inbox_sweep(older_than_s=settings.INGEST_SWEEP_AGE)
+
+
+@shared_task(name="ingest.inbox_prune", ignore_result=True)
+def inbox_prune() -> int:
+    return prune.inbox_prune(now=timezone.now())
