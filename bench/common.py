@@ -72,13 +72,22 @@ class BenchStack:
     default; `http="uvicorn"` serves HTTP from the ASGI server too, for comparison)."""
 
     def __init__(
-        self, env: dict[str, str], web_workers: int, concurrency: int, http: str = "gunicorn"
+        self,
+        env: dict[str, str],
+        web_workers: int,
+        concurrency: int,
+        http: str = "gunicorn",
+        ingest_workers: int = 0,
     ) -> None:
+        """`ingest_workers` > 0: agents' POSTs go to a gunicorn pool of their own at
+        `ingest_url`, as the production proxy routes them (docker/nginx.conf)."""
         from launcher.procs import free_port
         from launcher.stack import server_commands
 
         self.port, self.ws_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        ingest_port = free_port() if ingest_workers else None
+        self.ingest_url = f"http://127.0.0.1:{ingest_port}" if ingest_port else self.url
         self.env = {**env, "LIVE_WS_PORT": str(self.ws_port)}
         self.commands = server_commands(
             host="127.0.0.1",
@@ -90,6 +99,8 @@ class BenchStack:
             beat_schedule=LOG_DIR / "beat-schedule",
             beat_in_worker=True,
             log_level="WARNING",  # as `make run`: two INFO lines per task cost the worker
+            ingest_port=ingest_port,
+            ingest_workers=ingest_workers,
         )
         if http == "uvicorn":
             self.ws_port = self.port
@@ -123,6 +134,15 @@ class BenchStack:
                     )
                 )
         wait_until(lambda: http_ok(f"{self.url}/healthz"), 60, "the web server")
+
+    def cpu_meter(self):
+        """CPU by role of this stack's processes, its Postgres backends and this client."""
+        from bench.cpu import CpuMeter
+
+        roots = {name: p.pid for name, p in zip(self.commands, self.processes, strict=True)}
+        roots["bench client"] = os.getpid()
+        database = urlsplit(self.env["DATABASE_URL"]).path.lstrip("/")
+        return CpuMeter(roots, database)
 
     def stop(self) -> None:
         from launcher.procs import children_stop

@@ -144,7 +144,7 @@ class Probe:
         headers = {"Cookie": self.cookie, "Origin": f"http://127.0.0.1:{self.stack.port}"}
         async with websockets.connect(url, additional_headers=headers, max_size=2**24) as ws:
             receiver = asyncio.create_task(self._receive(ws))
-            async with httpx.AsyncClient(base_url=self.stack.url, timeout=30) as client:
+            async with httpx.AsyncClient(base_url=self.stack.ingest_url, timeout=30) as client:
                 marker = 0.0
                 while not self.stop.is_set():
                     marker += 1
@@ -213,7 +213,13 @@ def main() -> int:
     parser.add_argument(
         "--rate", type=float, default=0, help="offered samples/s (0: as fast as the server answers)"
     )
-    parser.add_argument("--web-workers", type=int, default=3)
+    parser.add_argument(
+        "--ingest-workers",
+        type=int,
+        default=3,
+        help="gunicorn workers of the ingest pool, as deployed; 0: one pool for all (make run)",
+    )
+    parser.add_argument("--web-workers", type=int, default=2, help="the pool for pages, reads")
     parser.add_argument("--worker-concurrency", type=int, default=2)
     parser.add_argument(
         "--http",
@@ -225,7 +231,11 @@ def main() -> int:
 
     env, conninfo = prepare_database()
     stack = BenchStack(
-        env, web_workers=args.web_workers, concurrency=args.worker_concurrency, http=args.http
+        env,
+        web_workers=args.web_workers,
+        concurrency=args.worker_concurrency,
+        http=args.http,
+        ingest_workers=args.ingest_workers,
     )
     stack.start()
     try:
@@ -248,7 +258,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     chart = ChartQuery(stack, secret, base_ts, base_ts + span)
     idle = chart.sample(count=1)  # warm-up
 
-    senders = Senders(stack.url, secret, bodies, args.rate)
+    senders = Senders(stack.ingest_url, secret, bodies, args.rate)
     probe = Probe(stack, secret, cookie, "bench")
     backlog: list[tuple[float, int, int]] = []  # (t, accepted rows, processed rows)
     watch_stop = threading.Event()
@@ -260,8 +270,11 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
                     "SELECT count(*), count(processed_at) FROM ingest_inboxbatch"
                 ).fetchone()
                 backlog.append((time.monotonic(), row[0], row[1]))
+                meter.snapshot()  # a process that ends between readings keeps its last
                 time.sleep(0.5)
 
+    meter = stack.cpu_meter()
+    meter.begin()
     threads = [threading.Thread(target=probe.run), threading.Thread(target=watch)]
     chart_times: list[float] = []
     chart_thread = threading.Thread(target=lambda: chart_times.extend(chart.sample()))
@@ -274,6 +287,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     chart_thread.join()
     inbox_wait_empty(conninfo)
     committed_at = time.monotonic()
+    cpu_us = meter.per_sample_us(total_batches * 1000)
     probe.stop.set()
     watch_stop.set()
     for thread in threads:
@@ -298,7 +312,8 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
 
     print()
     print(
-        f"HTTP on {args.http}, senders {args.senders}, web workers {args.web_workers}, "
+        f"HTTP on {args.http}, senders {args.senders}, web workers {args.web_workers}"
+        f" + ingest pool {args.ingest_workers or 'none (one pool)'}, "
         f"celery concurrency {args.worker_concurrency}, {total_batches} batches x 1,000 samples, "
         f"offered {'max' if not args.rate else f'{args.rate:,.0f} samples/s'}, "
         f"{senders.failed} failed posts"
@@ -327,6 +342,11 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     )
     print(f"raw COPY        {raw_rate:12,.0f} samples/s  (binary, 1,000-row batches, commit each)")
     print(f"ours / raw      {samples / e2e_s / raw_rate:.2f} (end to end)")
+    roles = ", ".join(f"{role} {us:.1f}" for role, us in cpu_us.items() if role != "total")
+    print(
+        f"CPU per sample  {cpu_us['total']:.1f} µs: {roles} (2 cores at 150,000 samples/s"
+        f" allow {2e6 / 150_000:.1f})"
+    )
     print(
         f"disk per sample {stored['ingested']:.1f} B as ingested, {stored['compacted']:.1f} B "
         f"after compaction (table + TOAST + indexes: timestamps {stored['timestamps']:.2f} B, "

@@ -91,6 +91,8 @@ def server_commands(
     beat_in_worker: bool = False,
     periodic_concurrency: int = 2,
     log_level: str = "INFO",
+    ingest_port: int | None = None,
+    ingest_workers: int = 3,
 ) -> dict[str, list[str]]:
     """The stack's long-running processes.
 
@@ -102,7 +104,11 @@ def server_commands(
     (evaluation, rollups, pruning, compaction, the inbox sweep) from `<queue>.periodic`
     (settings.CELERY_PERIODIC_QUEUE), so an ingest backlog never delays detection.
     `beat_in_worker` embeds beat in the periodic worker (one process fewer). `log_level` is
-    Celery's (the launcher passes LOG_LEVEL, WARNING by default; the tests keep INFO)."""
+    Celery's (the launcher passes LOG_LEVEL, WARNING by default; the tests keep INFO).
+
+    With `ingest_port`, agents' POSTs get gunicorn workers of their own there (`ingest`), as
+    a proxy routes them in production (docker/nginx.conf): a page or chart read then never
+    waits in the accept queue behind ingest bodies (docs/performance.md)."""
     python = sys.executable
     # Below INFO, the start-up banners go too (they came after the printed login).
     quiet = [] if log_level.upper() in ("DEBUG", "INFO") else ["--quiet"]
@@ -133,19 +139,23 @@ def server_commands(
         f"{queue}.periodic", periodic_concurrency, "-n", f"periodic.{queue}@%h"
     )
     beat = ["--schedule", str(beat_schedule)]
-    commands = {
-        "web": [
+
+    def gunicorn(bind_port: int, workers: int) -> list[str]:
+        return [
             python,
             "-m",
             "gunicorn",
             "opsboard.wsgi:application",
             "--bind",
-            f"{host}:{port}",
+            f"{host}:{bind_port}",
             "--workers",
-            str(web_workers),
+            str(workers),
             "--log-level",
             "warning",
-        ],
+        ]
+
+    commands = {
+        "web": gunicorn(port, web_workers),
         "ws": [
             python,
             "-m",
@@ -163,6 +173,8 @@ def server_commands(
         "periodic": [*periodic, "-B", *beat] if beat_in_worker else periodic,
         "publisher": [python, "manage.py", "live_publisher"],
     }
+    if ingest_port is not None:
+        commands["ingest"] = gunicorn(ingest_port, ingest_workers)
     if not beat_in_worker:
         commands["beat"] = [
             python,

@@ -376,7 +376,7 @@ def test_compose_starts_every_opsboard_process_after_migrate_on_healthy_services
     assert redis[redis.index("--appendonly") + 1] == "yes"
     assert redis[redis.index("--maxmemory-policy") + 1] == "noeviction"
     opsboard = [name for name, s in services.items() if "build" in s]
-    assert {"web", "ws", "worker", "periodic", "beat", "publisher"} <= set(opsboard)
+    assert {"web", "ingest", "ws", "worker", "periodic", "beat", "publisher"} <= set(opsboard)
     for name in opsboard:
         needs = services[name]["depends_on"]
         assert needs["postgres"]["condition"] == "service_healthy", name

@@ -56,6 +56,23 @@ def test_it_rolls_minutes_and_hours_up_to_the_raw_aggregates():
         )
 
 
+def test_chunks_within_a_minute_and_across_minutes_roll_up_alike():
+    """A chunk whose points all lie in one minute is rolled up from its own n/sum/min/max,
+    one that crosses a minute from its points: the buckets are the raw aggregates either way
+    (10 s batches starting 55 s into a minute cross every other minute boundary)."""
+    node = cluster_nodes(1)[0]
+    start = hour_start(2) + 55
+    samples_put(node, start, 600, gpus=range(1))
+    refresh()
+    assert_close(minutes_of(node, 0), expected_minutes(start, 600, 0))
+    crossing = rows(
+        "SELECT count(*) FILTER (WHERE date_trunc('minute', t0) <> date_trunc('minute', t1)),"
+        " count(*) FROM telemetry_chunk WHERE node_id = %s",
+        [node.id],
+    )[0]
+    assert 0 < crossing[0] < crossing[1], "both kinds of chunk are there"
+
+
 def test_it_recomputes_the_buckets_that_late_data_lands_in():
     node = cluster_nodes(1)[0]
     start = hour_start(30)  # a day and more ago: an agent replaying its spool
