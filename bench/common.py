@@ -127,22 +127,54 @@ class BenchStack:
 
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         for name, command in self.commands.items():
+            # PGAPPNAME: the role of each Postgres backend, for the CPU split (bench/cpu.py)
+            env = {**self.env, "PGAPPNAME": name}
             with open(LOG_DIR / f"{name}.log", "ab") as log:
                 self.processes.append(
                     subprocess.Popen(
-                        command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+                        command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
                     )
                 )
-        wait_until(lambda: http_ok(f"{self.url}/healthz"), 60, "the web server")
+        for url in {self.url, self.ingest_url}:
+            wait_until(lambda url=url: http_ok(f"{url}/healthz"), 60, f"the web server {url}")
+        self._settle()
+
+    def _settle(self, timeout: float = 30) -> None:
+        """Wait until the stack's processes are done starting (every gunicorn worker imports
+        Django after one has answered): less than a fifth of a core over half a second, so
+        that start-up is not counted as the benchmark's CPU."""
+        import time
+
+        meter, deadline = self.cpu_meter(), time.monotonic() + timeout
+        before = sum(meter.snapshot().values())
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = sum(meter.snapshot().values())
+            if now - before < 0.1:
+                return
+            before = now
 
     def cpu_meter(self):
         """CPU by role of this stack's processes, its Postgres backends and this client."""
+        import psycopg
+
         from bench.cpu import CpuMeter
 
         roots = {name: p.pid for name, p in zip(self.commands, self.processes, strict=True)}
         roots["bench client"] = os.getpid()
         database = urlsplit(self.env["DATABASE_URL"]).path.lstrip("/")
-        return CpuMeter(roots, database)
+        watcher = psycopg.connect(
+            conninfo(self.env["DATABASE_URL"]), autocommit=True, application_name="bench client"
+        )
+
+        def backends() -> dict[int, str]:
+            rows = watcher.execute(
+                "SELECT pid, application_name FROM pg_stat_activity WHERE datname = %s",
+                [database],
+            ).fetchall()
+            return {pid: name for pid, name in rows if name}
+
+        return CpuMeter(roots, database, backends)
 
     def stop(self) -> None:
         from launcher.procs import children_stop

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -33,10 +34,18 @@ def _cmdline(pid: int) -> str:
 
 
 class CpuMeter:
-    """`roots`: role → pid of a process the stack started (its descendants count to it)."""
+    """`roots`: role → pid of a process the stack started (its descendants count to it).
+    `backends()`, when given: Postgres backend pid → the role of its client (the stack's
+    processes connect with PGAPPNAME=<role>), so that database CPU is split by client."""
 
-    def __init__(self, roots: dict[str, int], database: str) -> None:
-        self.roots, self.database = roots, database
+    def __init__(
+        self,
+        roots: dict[str, int],
+        database: str,
+        backends: Callable[[], dict[int, str]] | None = None,
+    ) -> None:
+        self.roots, self.database, self.backends = roots, database, backends
+        self.clients: dict[int, str] = {}
         self.seen: dict[int, tuple[str, float]] = {}  # pid → (role, CPU s at first sight)
         self.start: Counter[str] = Counter()
 
@@ -49,6 +58,8 @@ class CpuMeter:
             if entry.isdigit() and (stat := _stat(int(entry))):
                 parents[int(entry)], cpu[int(entry)] = stat
         by_root = {pid: role for role, pid in self.roots.items()}
+        if self.backends is not None:
+            self.clients.update(self.backends())
         for pid in cpu:
             role = self._role(pid, parents, by_root)
             if role:
@@ -67,7 +78,8 @@ class CpuMeter:
                 return by_root[walk]
             walk = parents[walk]
         if f" {self.database} " in f" {_cmdline(pid)} " and "postgres" in _cmdline(pid):
-            return "postgres"
+            client = self.clients.get(pid)
+            return f"postgres ({client})" if client else "postgres"
         return None
 
     def begin(self) -> None:
