@@ -122,13 +122,14 @@ def samples_store(*, series: Series) -> SamplesStored:
             t0 = points[0][0]
             vals = [float(value) for _, value in points]
             offsets = [round((ts - t0) * 1000) for ts, _ in points]
+            first, last = to_datetime(t0), to_datetime(points[-1][0])
             copy.write_row(
                 (
                     node_id,
                     ids[metric],
                     gpu,
-                    to_datetime(t0),
-                    to_datetime(points[-1][0]),
+                    first,
+                    last,
                     len(points),
                     min(vals),
                     max(vals),
@@ -138,7 +139,7 @@ def samples_store(*, series: Series) -> SamplesStored:
                 )
             )
             count += len(points)
-            dirty.append((node_id, ids[metric], gpu, to_datetime(t0), to_datetime(points[-1][0])))
+            dirty.append((node_id, ids[metric], gpu, first, last))
     return SamplesStored(count, dirty)
 
 
