@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import BenchStack, inbox_wait_empty, percentile, prepare_database  # noqa: E402
-from bench.ingest import Senders, make_bodies  # noqa: E402
+from bench.load import Senders, make_bodies  # noqa: E402
 
 CLUSTER, RUN = "bench", "bench-run"
 POLL_WAIT_S = 25  # opsboard_agent's CommandPoller default

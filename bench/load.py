@@ -1,0 +1,177 @@
+"""The load of bench/ingest.py (and bench/commands.py): the bodies, the senders that post
+them, the live-lag probe and the chart query timed under ingest."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import threading
+import time
+import uuid
+
+from bench.common import BenchStack
+
+GPUS, GPU_METRICS = 8, 12
+HOST_METRICS = 4
+SERIES_PER_NODE = GPUS * GPU_METRICS + HOST_METRICS  # 100 series: 1,000 samples = 10 s of a node
+SECONDS_PER_BATCH = 10
+PROBE_INTERVAL_S = 1.2
+
+
+def make_bodies(sender: int, count: int, base_ts: float) -> list[bytes]:
+    """`count` 1,000-sample batches for this sender's own nodes, in time order."""
+    bodies = []
+    for index in range(count):
+        node = f"bench-{sender:02d}-{index % 16:02d}"
+        start = base_ts + (index // 16) * SECONDS_PER_BATCH
+        samples = []
+        for second in range(SECONDS_PER_BATCH):
+            ts = start + second
+            for gpu in range(GPUS):
+                for metric in range(GPU_METRICS):
+                    value = (index * 7 + gpu * 13 + metric * 17 + second) % 100 + 0.5
+                    samples.append(
+                        {"ts": ts, "metric": f"gpu.m{metric}", "gpu": gpu, "value": value}
+                    )
+            for metric in range(HOST_METRICS):
+                samples.append({"ts": ts, "metric": f"host.m{metric}", "value": 1.5e9 + second})
+        batch = {
+            "batch_id": f"{sender}-{index}-{uuid.uuid4().hex[:6]}",
+            "node": node,
+            "samples": samples,
+        }
+        bodies.append(gzip.compress(json.dumps(batch).encode(), compresslevel=1))
+    return bodies
+
+
+class Senders:
+    """Concurrent posters; with `rate` (samples/s) they keep to that offered load."""
+
+    def __init__(self, url: str, secret: str, bodies: list[list[bytes]], rate: float) -> None:
+        self.url, self.secret, self.bodies = url, secret, bodies
+        self.batch_interval = len(bodies) * 1000 / rate if rate else 0.0
+        self.latencies: list[float] = []
+        self.accepted = 0
+        self.failed = 0
+        self.first_post = self.last_post = 0.0
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        threads = [
+            threading.Thread(target=self._send, args=(bodies, index / len(self.bodies)))
+            for index, bodies in enumerate(self.bodies)
+        ]
+        self.first_post = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.last_post = time.monotonic()
+
+    def _send(self, bodies: list[bytes], phase: float) -> None:
+        import httpx
+
+        headers = {
+            "Authorization": f"Bearer {self.secret}",
+            "Content-Type": "application/json",
+            "Content-Encoding": "gzip",  # as the agent sends
+        }
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            for index, body in enumerate(bodies):
+                due = self.first_post + (index + phase) * self.batch_interval
+                time.sleep(max(0.0, due - time.monotonic()))
+                started = time.monotonic()
+                response = client.post("/api/v1/ingest", content=body, headers=headers)
+                elapsed = time.monotonic() - started
+                with self.lock:
+                    self.latencies.append(elapsed)
+                    if response.status_code == 202:
+                        self.accepted += 1
+                    else:
+                        self.failed += 1
+
+
+class Probe:
+    """Posts a one-sample batch for a probe node every 1.2 s and times its websocket delta.
+
+    An agent posts a node's batch every second or more; the publisher sends a node at most
+    once a second by design, so a faster probe would measure that hold, not the pipeline."""
+
+    def __init__(self, stack: BenchStack, secret: str, cookie: str, cluster: str) -> None:
+        self.stack, self.secret, self.cookie, self.cluster = stack, secret, cookie, cluster
+        self.lags: list[float] = []
+        self.stop = threading.Event()
+        self.sent: dict[float, float] = {}
+
+    def run(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        import httpx
+        import websockets
+
+        url = f"ws://127.0.0.1:{self.stack.ws_port}/ws/clusters/{self.cluster}/"
+        headers = {"Cookie": self.cookie, "Origin": f"http://127.0.0.1:{self.stack.port}"}
+        async with websockets.connect(url, additional_headers=headers, max_size=2**24) as ws:
+            receiver = asyncio.create_task(self._receive(ws))
+            async with httpx.AsyncClient(base_url=self.stack.ingest_url, timeout=30) as client:
+                marker = 0.0
+                while not self.stop.is_set():
+                    marker += 1
+                    batch = {
+                        "batch_id": uuid.uuid4().hex,
+                        "node": "probe",
+                        "samples": [{"ts": time.time(), "metric": "probe.marker", "value": marker}],
+                    }
+                    self.sent[marker] = time.monotonic()
+                    await client.post(
+                        "/api/v1/ingest",
+                        json=batch,
+                        headers={"Authorization": f"Bearer {self.secret}"},
+                    )
+                    await asyncio.sleep(PROBE_INTERVAL_S)
+            await asyncio.sleep(2)
+            receiver.cancel()
+
+    async def _receive(self, ws) -> None:
+        seen: set[float] = set()
+        async for message in ws:
+            data = json.loads(message)
+            for node in data.get("nodes", ()):
+                marker = node["health"].get("host", {}).get("probe.marker")
+                if node["node"] == "probe" and marker in self.sent and marker not in seen:
+                    seen.add(marker)
+                    self.lags.append(time.monotonic() - self.sent[marker])
+
+
+class ChartQuery:
+    """Repeats one chart query (an hour of one series, 1-minute buckets) and times it."""
+
+    def __init__(self, stack: BenchStack, secret: str, start: float, end: float) -> None:
+        self.stack, self.secret = stack, secret
+        self.params = {
+            "node": "bench-00-00",
+            "metric": "gpu.m0",
+            "gpu": 0,
+            "start": start,
+            "end": end,
+            "step": 60,
+        }
+        self.stop = threading.Event()
+
+    def sample(self, count: int | None = None) -> list[float]:
+        import httpx
+
+        times: list[float] = []
+        with httpx.Client(base_url=self.stack.url, timeout=30) as client:
+            while not self.stop.is_set() and (count is None or len(times) < count):
+                started = time.monotonic()
+                client.get(
+                    "/api/v1/series",
+                    params=self.params,
+                    headers={"Authorization": f"Bearer {self.secret}"},
+                )
+                times.append(time.monotonic() - started)
+                time.sleep(0.2)
+        return times
