@@ -300,6 +300,10 @@ INGEST_MAX_RECORDS = envint("INGEST_MAX_RECORDS", 20_000)
 INGEST_SWEEP_AGE = envfloat("INGEST_SWEEP_AGE", 30.0)
 # How many inbox rows one worker transaction drains when a backlog builds up.
 INGEST_DRAIN_ROWS = envint("INGEST_DRAIN_ROWS", 20)
+# Backpressure (apps/ingest/services/backpressure.py): a POST waits up to the seconds while
+# more rows than this wait in the inbox, about a second of draining; 0 turns it off.
+INGEST_BACKLOG_ROWS = envint("INGEST_BACKLOG_ROWS", 64)
+INGEST_BACKLOG_WAIT_S = envfloat("INGEST_BACKLOG_WAIT_S", 2.0)
 # One drain task is pending per queue at a time (a Redis flag, leased for this many seconds).
 # The lease is short: a task that no worker will run (lost with a killed worker, or taken
 # by another deployment on the same queue) blocks new wake-ups for at most this long; a

@@ -6,6 +6,7 @@ from apps.core.errors import Errors, error_response
 from apps.ingest.ratelimit import ingest_rate_take
 from apps.ingest.schemas import IngestAccepted, IngestDuplicate
 from apps.ingest.services import batch_accept
+from apps.ingest.services.backpressure import backlog_wait
 from apps.ingest.validation import batch_validate
 
 router = Router(tags=["ingest"])
@@ -43,6 +44,7 @@ def ingest(request: HttpRequest):
     if wait:
         return _rate_limited(wait)
     batch = batch_validate(request.body)
+    backlog_wait()  # bad input is answered at once; a good batch waits while workers catch up
     wire_body = getattr(request, "ingest_wire_body", None)
     inbox_id = batch_accept(
         token=request.agent_token,

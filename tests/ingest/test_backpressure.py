@@ -1,0 +1,88 @@
+"""Backpressure: a valid POST waits while the inbox backlog is over its limit (bounded, then
+accepted anyway); a bad one is answered at once; without a backlog nothing waits."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from apps.clusters.services import token_issue
+from apps.ingest.models import InboxBatch
+from apps.ingest.services import backpressure
+from tests.conftest import make_batch
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def limited(settings, monkeypatch):
+    settings.INGEST_BACKLOG_ROWS, settings.INGEST_BACKLOG_WAIT_S = 3, 1.5
+    monkeypatch.setattr(backpressure, "_last", (0.0, False))  # no reading left from before
+    return token_issue(cluster_name="bp", name="t")
+
+
+def backlog(token, count: int) -> None:
+    InboxBatch.objects.bulk_create(
+        InboxBatch(token=token, batch_id=f"waiting-{i}", payload=b"{}") for i in range(count)
+    )
+
+
+def post(secret: str, body: dict):
+    started = time.monotonic()
+    response = Client().post(
+        "/api/v1/ingest",
+        json.dumps(body).encode(),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {secret}",
+    )
+    return response, time.monotonic() - started
+
+
+def test_no_backlog_no_wait(limited):
+    response, took = post(limited[1], make_batch())
+    assert response.status_code == 202
+    assert took < 0.5
+
+
+def test_a_post_waits_while_the_backlog_is_over_its_limit_then_is_accepted(limited):
+    backlog(limited[0], 4)
+    response, took = post(limited[1], make_batch())
+    assert response.status_code == 202, "accepted anyway: never refused for load"
+    assert 1.4 <= took < 3
+
+
+def test_a_post_goes_on_as_soon_as_the_workers_catch_up(limited):
+    backlog(limited[0], 4)
+
+    def drain_later() -> None:
+        time.sleep(0.4)
+        InboxBatch.objects.update(processed_at=timezone.now())
+        connection.close()
+
+    drainer = threading.Thread(target=drain_later)
+    drainer.start()
+    response, took = post(limited[1], make_batch())
+    drainer.join()
+    assert response.status_code == 202
+    assert 0.3 <= took < 1.2
+
+
+def test_bad_input_is_answered_at_once_whatever_the_backlog(limited):
+    backlog(limited[0], 4)
+    response, took = post(limited[1], {"batch_id": "x", "node": "a/b"})
+    assert response.status_code == 400
+    assert took < 0.5
+
+
+def test_zero_rows_turns_it_off(limited, settings):
+    settings.INGEST_BACKLOG_ROWS = 0
+    backlog(limited[0], 4)
+    response, took = post(limited[1], make_batch())
+    assert response.status_code == 202
+    assert took < 0.5
