@@ -4,6 +4,8 @@ target.
 
     make bench                     # or: python bench/pages.py --hours 72 --reps 7
     python bench/pages.py --hours 6 --reps 3   # a quick check
+    python bench/pages.py --reuse --skip selectors,raw,generic --only bench-run/,step_time
+                                               # the pages again, on what the last run seeded
 
 Seeds a scratch database `opsboard_bench_pages` (on DATABASE_URL's server, else the embedded
 one) with server-side SQL: 1 Hz samples of four GPU metrics as sealed 10-minute chunks (what
@@ -65,6 +67,9 @@ def main() -> None:
         default="",
         help="skip sections (selectors,raw,generic,pages) and URLs containing a word",
     )
+    parser.add_argument(
+        "--only", default="", help="time only the URLs containing one of these words (a,b)"
+    )
     args = parser.parse_args()
     pages_seed.NODES, pages_seed.RANKS = max(1, args.ranks // pages_seed.GPUS), args.ranks
     pages_seed.SLOW_RANK %= args.ranks
@@ -106,7 +111,8 @@ def main() -> None:
         generic_plans(table, ids=ids, end=end)
     if "pages" not in args.skip:
         skip = [word for word in args.skip.split(",") if word]
-        page_timings(table, reps=args.page_reps, skip=skip, end=end)
+        only = [word for word in args.only.split(",") if word]
+        page_timings(table, reps=args.page_reps, skip=skip, only=only, end=end)
     table.print()
 
 
@@ -284,7 +290,7 @@ def page_urls() -> list[str]:
     return pages
 
 
-def page_timings(table: Table, *, reps: int, skip: list[str], end: float) -> None:
+def page_timings(table: Table, *, reps: int, skip: list[str], only: list[str], end: float) -> None:
     """Every URL, with the wall clock moved back to the seed's end: the pages then see the
     run live (its last step a second ago), as an operator would, however long ago the seed
     ended, and "15m" means the run's last 15 minutes rather than an empty range."""
@@ -292,6 +298,7 @@ def page_timings(table: Table, *, reps: int, skip: list[str], end: float) -> Non
     from django.test import Client
 
     urls = [url for url in page_urls() if not any(word in url for word in skip)]
+    urls = [url for url in urls if not only or any(word in url for word in only)]
     if not urls:
         return
     table.section(

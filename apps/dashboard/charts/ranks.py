@@ -6,9 +6,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+from django.db import transaction
+
 from apps.dashboard.charts.base import chart_layout, line_trace, ms
 from apps.dashboard.selectors.ranges import TimeRange
-from apps.dashboard.selectors.runs import rank_busy_history
+from apps.dashboard.selectors.runs import decimals_rounded, nan_to_none, rank_busy_matrix
 from apps.runs.models import Run
 from apps.runs.selectors import rank_label, rank_stage_history, run_rank_places
 
@@ -33,8 +36,11 @@ def step_time_figure(ctx: RunContext, tr: TimeRange) -> dict:
     rank's in that bucket (1.0 = the median; a straggler runs hot). Rows are labelled with
     the rank's node and GPU; meta.ranks names each row's rank (a click opens its page)."""
     start, end = ctx.span(tr)
-    busy = rank_busy_history(run=ctx.run, start=start, end=end, max_points=HEATMAP_BUCKETS)
-    places = run_rank_places(run=ctx.run)
+    # One transaction: the history read's settings (apps.history READ_SETTINGS: no JIT, a
+    # larger work_mem) then serve the places' aggregate over ~100 k reports too.
+    with transaction.atomic(savepoint=False):
+        busy = rank_busy_matrix(run=ctx.run, start=start, end=end, max_points=HEATMAP_BUCKETS)
+        places = run_rank_places(run=ctx.run)
     labels = [rank_label(rank, places.get(rank)) for rank in busy["ranks"]]
     ratios = _ratios_to_median(busy["z"])
     zmin, zmax = _robust_range(ratios)
@@ -43,8 +49,8 @@ def step_time_figure(ctx: RunContext, tr: TimeRange) -> dict:
         "name": "step time less collective wait ÷ median rank",
         "x": [ms(t) for t in busy["ts"]],
         "y": labels,
-        "z": ratios,
-        "customdata": busy["z"],
+        "z": nan_to_none(ratios),
+        "customdata": nan_to_none(busy["z"]),
         "zmin": zmin,
         "zmax": zmax,
         "colorscale": SLOW_IS_HOT,
@@ -66,34 +72,37 @@ def step_time_figure(ctx: RunContext, tr: TimeRange) -> dict:
     return {"data": [trace], "layout": layout}
 
 
-def _ratios_to_median(z: list[list[float | None]]) -> list[list[float | None]]:
-    """Each cell over the median of its column (the ranks in one time bucket): a slowdown of
-    every rank at once (a checkpoint) is no rank's fault and stays pale."""
-    columns = list(zip(*z, strict=True)) if z else []
-    medians = [_median([v for v in column if v is not None]) for column in columns]
-    return [
-        [
-            round(v / m, 4) if v is not None and m else None
-            for v, m in zip(row, medians, strict=True)
-        ]
-        for row in z
-    ]
+def _ratios_to_median(z: np.ndarray) -> np.ndarray:
+    """Each cell over the median of its column (the ranks in one time bucket), to 4 places;
+    NaN where the cell or the median is missing, or the median is 0. A slowdown of every rank
+    at once (a checkpoint) is no rank's fault and stays pale."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        medians = _column_medians(z)
+        ratios = decimals_rounded(z / medians, 4)
+    ratios[:, (medians == 0) | np.isnan(medians)] = np.nan
+    return ratios
 
 
-def _median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered, middle = sorted(values), len(values) // 2
-    return ordered[middle] if len(values) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+def _column_medians(z: np.ndarray) -> np.ndarray:
+    """The median of each column's non-NaN values (the mean of the middle two for an even
+    count, as statistics.median), NaN for a column without any."""
+    counts = np.count_nonzero(~np.isnan(z), axis=0)
+    if not len(z):
+        return np.full(z.shape[1], np.nan)
+    ordered, columns = np.sort(z, axis=0), np.arange(z.shape[1])  # NaN sorts last
+    low, high = np.maximum(counts - 1, 0) // 2, counts // 2  # high < len(z): counts ≤ len(z)
+    medians = (ordered[low, columns] + ordered[high, columns]) / 2
+    medians[counts == 0] = np.nan
+    return medians
 
 
-def _robust_range(ratios: list[list[float | None]]) -> tuple[float, float]:
+def _robust_range(ratios: np.ndarray) -> tuple[float, float]:
     """zmin, zmax: HEATMAP_PERCENTILES of the ratios, widened to HEATMAP_MIN_SPREAD around 1."""
-    values = sorted(v for row in ratios for v in row if v is not None)
+    values = np.sort(ratios[~np.isnan(ratios)])
     low, high = 1.0, 1.0
-    if values:
-        low = values[int((len(values) - 1) * HEATMAP_PERCENTILES[0] / 100)]
-        high = values[math.ceil((len(values) - 1) * HEATMAP_PERCENTILES[1] / 100)]
+    if len(values):
+        low = float(values[int((len(values) - 1) * HEATMAP_PERCENTILES[0] / 100)])
+        high = float(values[math.ceil((len(values) - 1) * HEATMAP_PERCENTILES[1] / 100)])
     return min(low, 1 - HEATMAP_MIN_SPREAD), max(high, 1 + HEATMAP_MIN_SPREAD)
 
 

@@ -70,14 +70,19 @@ def node_events(*, node: Node, limit: int = NODE_EVENTS_MAX) -> list[dict[str, A
 
 # Per run of the cluster that stepped since %(since)s: the ranks that reported from this node
 # over its last NODES_STEPS steps (a (run_id, step) index range per run, as runs.selectors
-# reads a run's nodes), each with the GPU it named (step reports' optional `gpu`).
+# reads a run's nodes), each with the GPU it named (step reports' optional `gpu`). The range
+# is closed at last_step (no report is past it: runs_touch keeps the greatest) because the
+# planner guesses a third of the table for an open range bound by another table's column,
+# and the node is filtered outside it (OFFSET 0): else the planner read the node's every
+# report through its node_id index (0.9 s for 12 hours of 8 ranks a second).
 _NODE_RANKS = """
 SELECT r.name, r.state, r.last_step_at, s.rank, max(s.gpu)
 FROM runs_run r CROSS JOIN LATERAL (
-    SELECT rank, gpu FROM runs_stepreport
-    WHERE run_id = r.id AND step > r.last_step - %(steps)s AND node_id = %(node)s
+    SELECT rank, gpu, node_id FROM runs_stepreport
+    WHERE run_id = r.id AND step > r.last_step - %(steps)s AND step <= r.last_step OFFSET 0
 ) s
 WHERE r.cluster_id = %(cluster)s AND r.last_step IS NOT NULL AND r.last_step_at >= %(since)s
+  AND s.node_id = %(node)s
 GROUP BY r.id, r.name, r.state, r.last_step_at, s.rank
 ORDER BY r.last_step_at DESC, r.name, s.rank
 """

@@ -10,6 +10,8 @@ import orjson
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 
 from apps.access.selectors import clusters_visible
 from apps.core.bounds import MAX_GPUS
@@ -100,13 +102,31 @@ def range_config(tr: TimeRange, default: str) -> dict:
     return {"key": tr.key, "start": tr.start, "end": tr.end, "default": default}
 
 
+# What Django's json_script escapes, so that a string in a figure cannot end the script.
+_SCRIPT_ESCAPES = (("<", "\\u003C"), (">", "\\u003E"), ("&", "\\u0026"))
+
+
+def figure_script(figure: dict, element_id: str) -> SafeString:
+    """`figure|json_script:element_id`, serialised as the chart endpoints do (orjson: a NaN
+    or infinite float is null): the heat-map of 1,024 ranks is 1.4 MB, which the standard
+    json module took ~100 ms to write."""
+    text = orjson.dumps(figure, default=str).decode()
+    for char, escaped in _SCRIPT_ESCAPES:
+        text = text.replace(char, escaped)
+    return format_html(
+        '<script id="{}" type="application/json">{}</script>', element_id, mark_safe(text)
+    )
+
+
 def chart_panels(
     names, figures: dict[str, dict], url_name: str, names_kwargs: dict, tr: TimeRange
 ) -> list[dict]:
-    """A panel per chart; its url, to which the page appends ".json" or ".csv", is reversed
-    (so quoted) from the names: a node named "a?b" still gets a working chart link."""
+    """A panel per chart, its figure as a script element (figure_script); its url, to which
+    the page appends ".json" or ".csv", is reversed (so quoted) from the names: a node named
+    "a?b" still gets a working chart link."""
     return [
         {"name": name, "figure_id": f"figure-{name}", "figure": figures[name],
+         "script": figure_script(figures[name], f"figure-{name}"),
          "url": reverse(url_name, kwargs={**names_kwargs, "chart": name}).removesuffix(".json"),
          "range": tr.key, "query": _range_query(tr)}
         for name in names
