@@ -141,6 +141,10 @@ DATABASES["default"]["OPTIONS"].setdefault(
         "timeout": envfloat("DB_POOL_TIMEOUT", 2),
     },
 )
+# Postgres's JIT compiled mid-size page reads for 10-270 ms each at 1,024 ranks, more than it
+# saved (docs/performance.md); DB_JIT=true gives it back.
+if not envbool("DB_JIT", "false"):
+    DATABASES["default"]["OPTIONS"].setdefault("options", "-c jit=off")
 DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME") or None}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -301,8 +305,9 @@ INGEST_SWEEP_AGE = envfloat("INGEST_SWEEP_AGE", 30.0)
 # How many inbox rows one worker transaction drains when a backlog builds up.
 INGEST_DRAIN_ROWS = envint("INGEST_DRAIN_ROWS", 20)
 # Backpressure (apps/ingest/services/backpressure.py): a POST waits up to the seconds while
-# more rows than this wait in the inbox, about a second of draining; 0 turns it off.
-INGEST_BACKLOG_ROWS = envint("INGEST_BACKLOG_ROWS", 64)
+# more rows than this wait in the inbox (a third of a second of draining at ~80 batches/s:
+# live lag p99 861 ms at 24 rows, 1,287 at 64, same rate; docs/performance.md); 0: off.
+INGEST_BACKLOG_ROWS = envint("INGEST_BACKLOG_ROWS", 24)
 INGEST_BACKLOG_WAIT_S = envfloat("INGEST_BACKLOG_WAIT_S", 2.0)
 # One drain task is pending per queue at a time (a Redis flag, leased for this many seconds).
 # The lease is short: a task that no worker will run (lost with a killed worker, or taken
