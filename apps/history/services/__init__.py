@@ -335,11 +335,13 @@ def history_prune(*, now: datetime) -> dict[str, int]:
     for target in PRUNE_TARGETS:
         days = getattr(settings, f"HISTORY_{target.retention_setting}_RETENTION_DAYS")
         if days:
-            deleted[target.table] = _prune_table(target=target, cutoff=now - timedelta(days=days))
+            deleted[target.table] = table_prune(target=target, cutoff=now - timedelta(days=days))
     return deleted
 
 
-def _prune_table(*, target: PruneTarget, cutoff: datetime) -> int:
+def table_prune(*, target: PruneTarget, cutoff: datetime) -> int:
+    """Delete `target`'s rows expired at `cutoff`: HISTORY_PRUNE_BATCH rows a transaction, at
+    most HISTORY_PRUNE_MAX_BATCHES transactions (the next call goes on)."""
     batch = settings.HISTORY_PRUNE_BATCH
     sql = (
         f"DELETE FROM {target.table} WHERE ctid = ANY(ARRAY("
