@@ -6,7 +6,8 @@
 // this page watches) keeps what the user did to a chart. "Follow live": on, the range slides
 // with now; a zoom turns it off; on again, the last relative range comes back.
 // Date axes are drawn in the zone timezone.js picks (UTC or local: Unix ms shifted by its
-// offset, still numbers) and say which.
+// offset, still numbers) and say which. A panel whose figure the page does not embed is
+// fetched after load.
 (function () {
   "use strict";
   const page = JSON.parse(document.getElementById("page-data").textContent);
@@ -80,7 +81,11 @@
   function draw(panel) {
     const figure = zoned(figures.get(panel));
     const div = chartDiv(panel);
-    return div.data ? Plotly.react(div, figure.data, figure.layout, CONFIG) : Plotly.newPlot(div, figure.data, figure.layout, CONFIG).then(() => watchZoom(panel));
+    if (div.data) return Plotly.react(div, figure.data, figure.layout, CONFIG);
+    return Plotly.newPlot(div, figure.data, figure.layout, CONFIG).then(() => {
+      watchZoom(panel);
+      div.dispatchEvent(new CustomEvent("opsboard:drawn"));  // heatmap.js waits for it
+    });
   }
 
   function showGoodput(panel) {
@@ -140,8 +145,12 @@
     refreshTimer = setTimeout(refreshAll, Math.max(0, lastRefresh + REFRESH_MS - Date.now()));
   }
 
+  // A panel without an embedded figure (the heat-map: ~1 MB at 1,024 ranks) is fetched from
+  // its endpoint now, as a range change would, showing its loading state until drawn.
   panels.forEach((panel) => {
-    figures.set(panel, JSON.parse(document.getElementById(panel.dataset.figure).textContent));
+    const embedded = panel.dataset.figure && document.getElementById(panel.dataset.figure);
+    if (!embedded) { load(panel); return; }
+    figures.set(panel, JSON.parse(embedded.textContent));
     draw(panel);
   });
   if (bar) {
@@ -160,6 +169,6 @@
   document.addEventListener("opsboard:delta", (event) => {
     if (event.detail.nodes.some((node) => watched.has(node.node))) scheduleRefresh();
   });
-  document.addEventListener("opsboard:zone", () => { showRange(); panels.forEach(draw); });
+  document.addEventListener("opsboard:zone", () => { showRange(); panels.filter((p) => figures.has(p)).forEach(draw); });
   window.opsboardCharts = { refreshAll, range: () => ({ ...range }) };
 })();

@@ -72,7 +72,13 @@ def test_the_run_page_hands_every_figure_over_with_data(cluster, client_in):
     html = client_in.get(f"/clusters/{cluster.name}/runs/{RUN}/").content.decode()
     throughput = json_script(html, "figure-throughput")
     assert any(v for v in throughput["data"][0]["y"] if v)
-    heatmap = json_script(html, "figure-step_time")["data"][0]
+    # the heat-map is not embedded: the page fetches it from its endpoint after load
+    assert 'id="figure-step_time"' not in html
+    panel = re.search(r'<section class="chart-panel" data-chart="step_time"[^>]*>', html)[0]
+    url = f"/clusters/{cluster.name}/runs/{RUN}/charts/step_time"
+    assert f'data-url="{url}"' in panel and 'data-loading="true"' in panel
+    shown = re.search(r'data-range="([^"]+)"', panel)[1]  # the page's range
+    heatmap = client_in.get(f"{url}.json?range={shown}").json()["figure"]["data"][0]
     assert heatmap["type"] == "heatmap" and heatmap["meta"]["ranks"] == list(range(8))
     assert heatmap["y"] == [f"r{rank} · node-0{rank // 4}" for rank in range(8)]  # no gpu sent
     stages = json_script(html, "figure-stages")["data"]

@@ -55,6 +55,43 @@ def test_the_busy_matrix_holds_the_rank_history_busy_means(
         assert busy.ranks == [0, 1, 2, 3, 4] and not busy.reported.all()
 
 
+def test_many_ranks_read_a_coarser_tier_whose_cells_are_its_rollup_aggregates():
+    """The tier is chosen by the run's world size (ranks × buckets against
+    RANK_ROLLUP_ROW_BUDGET): an hour of 1,024 ranks reads one-minute rows, not 368 k
+    ten-second ones, and each cell is its minute row's busy_sum ÷ n, in the heat-map's read
+    and in run_rank_history alike. A few ranks report, so the test stays small."""
+    node: Node = cluster_nodes(1)[0]
+    run = Run.objects.create(cluster=node.cluster, name="wide", world_size=256)
+    end = time.time() // 3600 * 3600
+    steps_put(run, node, end - HOUR, HOUR, ranks=3, slow_rank=1)
+    refresh()
+    # minute rows that no ten-second tier could give: each its own mean
+    rows(
+        "UPDATE history_step_1m SET busy_sum = busy_sum * (rank + 1)"
+        " + date_part('minute', bucket) * n / 100 WHERE run_id = %s",
+        [run.id],
+    )
+    args = {"run_id": run.id, "start": end - HOUR, "end": end, "max_points": 120}
+    assert run_rank_busy(**args).resolution_s == 30  # 256 ranks: the 10-second tier
+    Run.objects.filter(id=run.id).update(world_size=1024)
+    busy, history = run_rank_busy(**args), run_rank_history(**args)
+    assert busy.resolution_s == history.resolution_s == 60 and len(busy.ts) == 60
+    minutes = rows(
+        "SELECT rank, floor(date_part('epoch', bucket) / 60)::int, busy_sum / n"
+        " FROM history_step_1m WHERE run_id = %s ORDER BY 1, 2",
+        [run.id],
+    )
+    first = int((end - HOUR) // 60)
+    expected = np.full((3, 60), np.nan)
+    for rank, minute, mean in minutes:
+        expected[rank, minute - first] = mean
+    rolled = 50  # the newest buckets may come from raw reports (after the last rollup pass)
+    assert busy.ranks == [0, 1, 2]
+    assert np.array_equal(busy.busy[:, :rolled], expected[:, :rolled])
+    assert busy.busy[0, 0] != busy.busy[0, 1]  # the minutes differ: read from their rows
+    assert np.where(busy.reported, busy.busy, None).tolist() == history.busy
+
+
 def test_a_busy_matrix_without_reports_has_no_rows(gappy_run):
     run, end = gappy_run
     busy = run_rank_busy(run_id=run.id, start=end + HOUR, end=end + 2 * HOUR, max_points=120)

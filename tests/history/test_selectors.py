@@ -13,7 +13,11 @@ from apps.history.selectors import (
     run_step_history,
 )
 from apps.history.selectors.metrics import metric_history_at
-from apps.history.selectors.resolution import RUN_STEP_TIERS, STEP_TIERS
+from apps.history.selectors.resolution import (
+    RANK_ROLLUP_ROW_BUDGET,
+    RUN_STEP_TIERS,
+    STEP_TIERS,
+)
 from apps.runs.models import Run
 from launcher.plans import prepared_generic_plans
 from tests.history.helpers import (
@@ -82,6 +86,36 @@ def test_a_tier_over_the_row_budget_gives_way_to_a_coarser_one():
         tiers=STEP_TIERS,
     )  # fmt: skip
     assert res == Resolution(step=60, source="1m")
+
+
+@pytest.mark.parametrize(
+    ("series", "span", "step", "source"),
+    [
+        (256, HOUR, 30, "10s"),  # 92 k ten-second rows: within the budget
+        (400, HOUR, 30, "10s"),  # 144 k
+        (1024, HOUR, 60, "1m"),  # 368 k: over, so one-minute columns (61 k rows)
+        (256, 6 * HOUR, 300, "1m"),  # 92 k minute rows
+        (1024, 6 * HOUR, 600, "10m"),  # 368 k: over, so ten-minute columns
+        (1024, 24 * HOUR, 1200, "10m"),  # 147 k: within
+    ],
+)
+def test_per_rank_reads_keep_within_the_rollup_row_budget(series, span, step, source):
+    res = resolution_choose(
+        start=NOW - span, end=NOW, max_points=120, now=NOW, raw_points=False, series=series,
+        tiers=STEP_TIERS, row_budget=RANK_ROLLUP_ROW_BUDGET,
+    )  # fmt: skip
+    assert res == Resolution(step=step, source=source)
+
+
+def test_the_rollup_row_budget_leaves_the_raw_fallback_to_the_raw_point_budget():
+    # 10-second rows are gone after 2 days, raw data after 7: 15 minutes of 300 ranks are
+    # 270 k raw reports, over the rollup row budget but within the raw one
+    start = NOW - 3 * DAY - 900
+    res = resolution_choose(
+        start=start, end=start + 900, max_points=120, now=NOW, raw_points=False, series=300,
+        tiers=STEP_TIERS, row_budget=RANK_ROLLUP_ROW_BUDGET,
+    )  # fmt: skip
+    assert res == Resolution(step=10, source="raw")
 
 
 @pytest.mark.parametrize(

@@ -121,12 +121,14 @@ def figure_script(figure: dict, element_id: str) -> SafeString:
 def chart_panels(
     names, figures: dict[str, dict], url_name: str, names_kwargs: dict, tr: TimeRange
 ) -> list[dict]:
-    """A panel per chart, its figure as a script element (figure_script); its url, to which
-    the page appends ".json" or ".csv", is reversed (so quoted) from the names: a node named
-    "a?b" still gets a working chart link."""
+    """A panel per chart, its figure as a script element (figure_script); a chart without
+    one in `figures` is `fetched`: charts.js fetches its figure from the url after load. The
+    url, to which the page appends ".json" or ".csv", is reversed (so quoted) from the names:
+    a node named "a?b" still gets a working chart link."""
     return [
-        {"name": name, "figure_id": f"figure-{name}", "figure": figures[name],
-         "script": figure_script(figures[name], f"figure-{name}"),
+        {"name": name, "figure_id": f"figure-{name}" if name in figures else "",
+         "figure": figures.get(name), "fetched": name not in figures,
+         "script": figure_script(figures[name], f"figure-{name}") if name in figures else "",
          "url": reverse(url_name, kwargs={**names_kwargs, "chart": name}).removesuffix(".json"),
          "range": tr.key, "query": _range_query(tr)}
         for name in names

@@ -13,7 +13,13 @@ from django.views.decorators.http import require_GET
 from apps.commands.pages import run_commands_context
 from apps.dashboard.charts.base import drawn_or_said_empty
 from apps.dashboard.charts.ranks import rank_stage_figures
-from apps.dashboard.charts.run import RUN_CHARTS, RunContext, goodput_text, run_checks
+from apps.dashboard.charts.run import (
+    RUN_CHARTS,
+    RUN_CHARTS_FETCHED,
+    RunContext,
+    goodput_text,
+    run_checks,
+)
 from apps.dashboard.selectors.alerts import PAGE_ALERTS, alerts_filtered
 from apps.dashboard.selectors.ranges import RANGES, time_range
 from apps.dashboard.selectors.runs import run_began, run_of
@@ -44,7 +50,9 @@ def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
     summary = run_summary(run=run_found, now=now)
     ctx = RunContext(run=run_found, began=began, now=now, summary=summary)
     figures = {
-        name: drawn_or_said_empty(name, build, ctx, tr) for name, build in RUN_CHARTS.items()
+        name: drawn_or_said_empty(name, build, ctx, tr)
+        for name, build in RUN_CHARTS.items()
+        if name not in RUN_CHARTS_FETCHED
     }
     checks = run_checks(ctx, tr)
     alerts = alerts_filtered(cluster=found, run=run_found.name, limit=PAGE_ALERTS)

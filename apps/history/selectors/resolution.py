@@ -19,6 +19,11 @@ MINUTE, HOUR, DAY = 60, 3600, 86400
 # request (many series over hours) is served from the 1-minute rollup instead, with fewer
 # than max_points buckets. ≈ 0.1 s of server time at ~5 M points/s.
 RAW_POINT_BUDGET = 500_000
+# Most rollup rows (ranks × buckets) a per-rank read (the run page's heat-map, its JSON and
+# the straggler evidence) may read before a coarser tier serves it: at 1,024 ranks an hour of
+# 10-second rows is 368 k (≈ 220 ms of SQL), of minutes 61 k (≈ 86 ms), so the hour shows
+# one-minute columns, not 30-second ones. Below ~400 ranks nothing changes.
+RANK_ROLLUP_ROW_BUDGET = 150_000
 # Buckets ending this long before the last rollup pass are read from the rollup, later ones
 # from raw data: covers the agents' batching delay (≤ 10 s) and data in flight at the pass.
 ROLLUP_FRESH_MARGIN_S = 60
@@ -51,13 +56,14 @@ def resolution_choose(
     raw_points: bool = True,
     series: int = 1,
     tiers: tuple[str, ...] = SAMPLE_TIERS,
+    row_budget: int = RAW_POINT_BUDGET,
 ) -> Resolution:
     """The finest bucket width giving at most ~max_points buckets over [start, end), read
     from the coarsest of `tiers` that divides it and whose retention still covers `start`;
     else from raw data while `series` series (at 1 Hz) stay within RAW_POINT_BUDGET points
     and the raw retention covers `start`; else from the finest covering tier, widened to
-    a multiple of its width. A tier whose rows (series × span ÷ width) would exceed the
-    budget too is passed over for a coarser one."""
+    a multiple of its width. A tier whose rows (series × span ÷ width) would exceed
+    `row_budget` is passed over for a coarser one."""
     span = max(end - start, 1.0)
     if raw_points and span <= max_points * RAW_SAMPLE_INTERVAL_S:
         return Resolution(step=0, source="raw")
@@ -67,8 +73,8 @@ def resolution_choose(
         name for name in tiers if not _expired(start, now, getattr(settings, TIERS[name][1]))
     ] or [tiers[-1]]
 
-    def within_budget(width: float) -> bool:
-        return max(series, 1) * span / width <= RAW_POINT_BUDGET
+    def within_budget(width: float, budget: int = row_budget) -> bool:
+        return max(series, 1) * span / width <= budget
 
     for name in reversed(covering):  # coarsest first: the fewest rows to read
         width = TIERS[name][0]
@@ -76,7 +82,7 @@ def resolution_choose(
             return Resolution(step=step, source=name)  # type: ignore[arg-type]
     if (
         step < MINUTE
-        and within_budget(RAW_SAMPLE_INTERVAL_S)
+        and within_budget(RAW_SAMPLE_INTERVAL_S, RAW_POINT_BUDGET)
         and not _expired(start, now, settings.HISTORY_RAW_RETENTION_DAYS)
     ):
         return Resolution(step=step, source="raw")

@@ -16,6 +16,8 @@ from django.db import connection, transaction
 
 from apps.history.selectors.plain import plain
 from apps.history.selectors.resolution import (
+    RANK_ROLLUP_ROW_BUDGET,
+    RAW_POINT_BUDGET,
     RUN_STEP_TIERS,
     STEP_TIERS,
     TIERS,
@@ -205,9 +207,10 @@ def run_rank_history(
     *, run_id: int, start: float, end: float, max_points: int = 1000
 ) -> RankHistory:
     """Each rank over [start, end), at most ~max_points buckets. Two queries, whatever the
-    rank count (a wide range of many ranks reads the rollups: see resolution_choose)."""
+    rank count (a wide range of many ranks reads the rollups, and a tier of more than
+    RANK_ROLLUP_ROW_BUDGET rows gives way to a coarser one: see resolution_choose)."""
     with transaction.atomic(savepoint=False):
-        res, split = _plan(run_id, start, end, max_points=max_points, tiers=STEP_TIERS)
+        res, split = _plan_ranks(run_id, start, end, max_points=max_points)
         return _rank_history(run_id, start, end, res=res, split=split)
 
 
@@ -216,7 +219,7 @@ def run_rank_busy(*, run_id: int, start: float, end: float, max_points: int = 10
     and from the sources run_rank_history would read: its `busy` means (summed in another
     order, so perhaps an ulp apart). Two queries, whatever the rank count."""
     with transaction.atomic(savepoint=False):
-        res, split = _plan(run_id, start, end, max_points=max_points, tiers=STEP_TIERS)
+        res, split = _plan_ranks(run_id, start, end, max_points=max_points)
         params, count, ts = _params(run_id, start, end, res=res, split=split)
         with connection.cursor() as cursor:
             cursor.execute(_RANK_BUSY_SQL.format(table=RANK_TABLES[res.source]), params)
@@ -247,12 +250,25 @@ def run_rank_history_at(*, run_id: int, start: float, end: float, res: Resolutio
         return _rank_history(run_id, start, end, res=res, split=_split_at(start, end, res))
 
 
-def _plan(
-    run_id: int, start: float, end: float, *, max_points: int, tiers: tuple[str, ...]
+def _plan_ranks(
+    run_id: int, start: float, end: float, *, max_points: int
 ) -> tuple[Resolution, Split]:
+    """_plan for the per-rank reads, one for all of them, so that the heat-map, its JSON and
+    every other per-rank view of a range choose the same buckets."""
+    return _plan(
+        run_id, start, end, max_points=max_points, tiers=STEP_TIERS,
+        row_budget=RANK_ROLLUP_ROW_BUDGET,
+    )  # fmt: skip
+
+
+def _plan(
+    run_id: int, start: float, end: float, *, max_points: int, tiers: tuple[str, ...],
+    row_budget: int = RAW_POINT_BUDGET,
+) -> tuple[Resolution, Split]:  # fmt: skip
     """Resolution and rollup/raw split; call in the selector's transaction (READ_SETTINGS
     then apply to its data query). Raw reports count against the raw-point budget one per
-    rank per second (the run's world size)."""
+    rank per second (the run's world size), rollup rows against `row_budget` one per rank
+    per bucket of the tier."""
     rolled_up_at, signed = history_meta(
         count_sql=_WORLD_SIGNED_SQL,
         params=[run_id, end, start, settings.STEP_CHUNK_SECONDS, start, run_id],
@@ -261,7 +277,7 @@ def _plan(
     now = time.time()
     res = resolution_choose(
         start=start, end=end, max_points=max_points, now=now, raw_points=False,
-        series=world, tiers=tiers,
+        series=world, tiers=tiers, row_budget=row_budget,
     )  # fmt: skip
     if compacted:
         res = _rolled_up(res, start=start, now=now, tiers=tiers)
