@@ -1,3 +1,4 @@
+from django.core.handlers.wsgi import WSGIRequest
 from django.http import HttpRequest
 from ninja import Router, Status
 
@@ -44,7 +45,10 @@ def ingest(request: HttpRequest):
     if wait:
         return _rate_limited(wait)
     batch = batch_validate(request.body)
-    backlog_wait()  # bad input is answered at once; a good batch waits while workers catch up
+    if isinstance(request, WSGIRequest):
+        # bad input is answered at once; a good batch waits while the workers catch up. Not
+        # under ASGI, where sync views share one thread: a wait there would hold them all.
+        backlog_wait()
     wire_body = getattr(request, "ingest_wire_body", None)
     inbox_id = batch_accept(
         token=request.agent_token,
