@@ -1,5 +1,6 @@
-"""Backpressure: a valid POST waits while the inbox backlog is over its limit (bounded, then
-accepted anyway); a bad one is answered at once; without a backlog nothing waits."""
+"""Backpressure: a valid POST waits while the inbox backlog is over its limit and the workers
+are draining (bounded, then accepted anyway); a bad one is answered at once; without a
+backlog, or with the workers stopped, nothing waits."""
 
 from __future__ import annotations
 
@@ -27,6 +28,23 @@ def limited(settings, monkeypatch):
     return token_issue(cluster_name="bp", name="t")
 
 
+@pytest.fixture
+def draining():
+    """Workers draining, as far as the POSTs can tell: a drain heartbeat every 0.2 s."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            backpressure.drain_heartbeat()
+            stop.wait(0.2)
+
+    beater = threading.Thread(target=beat)
+    beater.start()
+    yield
+    stop.set()
+    beater.join()
+
+
 def backlog(token, count: int) -> None:
     InboxBatch.objects.bulk_create(
         InboxBatch(token=token, batch_id=f"waiting-{i}", payload=b"{}") for i in range(count)
@@ -50,14 +68,14 @@ def test_no_backlog_no_wait(limited):
     assert took < 0.5
 
 
-def test_a_post_waits_while_the_backlog_is_over_its_limit_then_is_accepted(limited):
+def test_a_post_waits_while_the_backlog_is_over_its_limit_then_is_accepted(limited, draining):
     backlog(limited[0], 4)
     response, took = post(limited[1], make_batch())
     assert response.status_code == 202, "accepted anyway: never refused for load"
     assert 1.4 <= took < 3
 
 
-def test_a_post_goes_on_as_soon_as_the_workers_catch_up(limited):
+def test_a_post_goes_on_as_soon_as_the_workers_catch_up(limited, draining):
     backlog(limited[0], 4)
 
     def drain_later() -> None:
@@ -73,15 +91,26 @@ def test_a_post_goes_on_as_soon_as_the_workers_catch_up(limited):
     assert 0.3 <= took < 1.2
 
 
-def test_bad_input_is_answered_at_once_whatever_the_backlog(limited):
+def test_bad_input_is_answered_at_once_whatever_the_backlog(limited, draining):
     backlog(limited[0], 4)
     response, took = post(limited[1], {"batch_id": "x", "node": "a/b"})
     assert response.status_code == 400
     assert took < 0.5
 
 
-def test_zero_rows_turns_it_off(limited, settings):
+def test_zero_rows_turns_it_off(limited, draining, settings):
     settings.INGEST_BACKLOG_ROWS = 0
+    backlog(limited[0], 4)
+    response, took = post(limited[1], make_batch())
+    assert response.status_code == 202
+    assert took < 0.5
+
+
+def test_no_wait_while_the_workers_are_not_draining(limited, settings):
+    """A backlog nobody drains (workers stopped): waiting would only slow every agent."""
+    from apps.core.redis import redis_client
+
+    redis_client().delete(f"{settings.REDIS_PREFIX}:ingest:drained-at")
     backlog(limited[0], 4)
     response, took = post(limited[1], make_batch())
     assert response.status_code == 202

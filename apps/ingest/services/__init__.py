@@ -24,6 +24,7 @@ from apps.core.redis import redis_client
 from apps.core.tasks import queue_length, task_enqueue
 from apps.history.services import runs_mark_dirty, series_mark_dirty
 from apps.ingest.models import decode_payload
+from apps.ingest.services.backpressure import drain_heartbeat
 from apps.live.services import live_mark_dirty
 from apps.runs.services import RunSeen, events_store, runs_touch, steps_store
 from apps.telemetry.services import health_update, samples_group, samples_store
@@ -195,6 +196,7 @@ def inbox_drain(*, first_id: int | None, limit: int) -> DrainResult:
             )
         stored.batches, stored.claimed = len(stored_ids), len(rows)
         transaction.on_commit(lambda: live_mark_dirty(nodes=stored.nodes))
+        transaction.on_commit(drain_heartbeat)
     return stored
 
 
