@@ -5,7 +5,7 @@ import time
 import pytest
 
 from apps.dashboard.selectors.ranges import time_range
-from apps.dashboard.selectors.runs import rank_busy_history, run_began, run_span
+from apps.dashboard.selectors.runs import nan_to_none, rank_busy_matrix, run_began, run_span
 from apps.runs.models import Run
 from tests.dashboard.conftest import RUN
 
@@ -15,12 +15,12 @@ pytestmark = pytest.mark.django_db
 def test_the_heatmap_keeps_only_buckets_with_reports_at_any_range(cluster):
     run = Run.objects.get(cluster=cluster, name=RUN)
     now = time.time()
-    narrow = rank_busy_history(run=run, start=now - 60, end=now + 1)
+    narrow = rank_busy_matrix(run=run, start=now - 60, end=now + 1)
     assert narrow["resolution_s"] == 1 and 9 <= len(narrow["ts"]) <= 11  # 10 one-second steps
-    week = rank_busy_history(run=run, start=now - 7 * 86400, end=now + 1)
+    week = rank_busy_matrix(run=run, start=now - 7 * 86400, end=now + 1)
     assert week["resolution_s"] == 7200 and len(week["ts"]) == 1  # not 84 empty columns
     assert week["ranks"] == narrow["ranks"] == list(range(8))
-    cells = [value for row in week["z"] for value in row if value is not None]
+    cells = [value for row in nan_to_none(week["z"]) for value in row if value is not None]
     assert cells and all(value == pytest.approx(0.64) for value in cells)
 
 

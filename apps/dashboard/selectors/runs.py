@@ -170,15 +170,6 @@ def rank_busy_matrix(
     }
 
 
-def rank_busy_history(
-    *, run: Run, start: float, end: float, max_points: int = 120
-) -> dict[str, Any]:
-    """rank_busy_matrix with "z" as lists, None where a rank reported nothing or the mean is
-    not a finite number."""
-    busy = rank_busy_matrix(run=run, start=start, end=end, max_points=max_points)
-    return {**busy, "z": nan_to_none(busy["z"])}
-
-
 def nan_to_none(matrix: np.ndarray) -> list[list[float | None]]:
     """A float matrix as lists of floats, None for NaN (JSON null)."""
     return np.where(np.isnan(matrix), None, matrix).tolist()

@@ -231,10 +231,7 @@ def _rows_store_singly(*, rows: list[tuple]) -> tuple[DrainResult, list[int]]:
         if result is None:
             continue
         stored_ids.append(row[0])
-        total.samples += result.samples
-        total.steps += result.steps
-        total.events += result.events
-        total.nodes |= result.nodes
+        total.add(result)
     return total, stored_ids
 
 
