@@ -1,6 +1,8 @@
 """1,000 commands under racing operators (each key sent by four at once), dropped acks,
 repeated acks and restarted agents acking again in parallel: every command ends in exactly
-one terminal state, reached by one transition, within a bounded time."""
+one terminal state, reached by one transition. Bounded in time: a thread still running at its
+deadline (a lock that never comes free) fails the test instead of hanging the suite; how fast
+commands move is measured by bench/commands.py, not asserted here."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from apps.commands.services import CommandConflict, command_ack, command_issue, 
 COMMANDS = 1000
 OPERATORS = 3
 AGENTS = 2
+# per phase; the whole test takes 25–65 s on two busy cores
+PHASE_DEADLINE_S = 240
 
 
 def in_threads(count: int, work) -> None:
@@ -32,11 +36,13 @@ def in_threads(count: int, work) -> None:
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + PHASE_DEADLINE_S
     for thread in threads:
-        thread.join(120)
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not any(thread.is_alive() for thread in threads), "a thread is stuck"
     assert not errors, errors[:3]
 
 
@@ -51,7 +57,6 @@ SCRIPTS = [
 
 
 def test_each_of_1000_commands_ends_in_exactly_one_terminal_state(world):
-    started = time.monotonic()
     keys = [f"stress-{i}" for i in range(COMMANDS)]
 
     def operator(index: int) -> None:
@@ -97,4 +102,3 @@ def test_each_of_1000_commands_ends_in_exactly_one_terminal_state(world):
         assert all(chain[i][1] == chain[i + 1][0] for i in range(len(chain) - 1)), chain
         assert sum(target in TERMINAL_STATES for _, target in chain) == 1
         assert chain[-1][1] == states[pk]
-    assert time.monotonic() - started < 60

@@ -17,8 +17,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -60,6 +58,7 @@ from apps.core.redis import redis_client
 from apps.core.signals import alert_raised
 from apps.core.tasks import task_enqueue
 from apps.live.groups import cluster_group
+from apps.live.send import group_send
 from apps.runs.choices import ENDED_STATES
 from apps.runs.models import Run
 from detectors.types import Finding
@@ -391,9 +390,8 @@ def _publish(
     reads them again on reload; a delivery not enqueued stays in the table, attempts 0.
     Then alert_raised for the alerts that opened or escalated."""
     try:
-        send = async_to_sync(get_channel_layer().group_send)
         for alert in alerts:
-            send(cluster_group(cluster_id), {"type": "alert.changed", "alert": alert})
+            group_send(cluster_group(cluster_id), {"type": "alert.changed", "alert": alert})
     except (redis.RedisError, OSError):
         logger.warning("live feed unavailable; %d alert changes not broadcast", len(alerts))
     for delivery_id in delivery_ids:

@@ -8,14 +8,13 @@ import logging
 import uuid
 
 import redis
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import transaction
 
 from apps.commands.choices import NODE_KINDS
 from apps.commands.rows import command_row
 from apps.commands.selectors import command_get
 from apps.live.groups import cluster_group
+from apps.live.send import group_send
 from apps.live.services import live_mark_dirty
 
 logger = logging.getLogger(__name__)
@@ -24,8 +23,8 @@ logger = logging.getLogger(__name__)
 def command_broadcast_on_commit(*, command_id: uuid.UUID | str) -> None:
     """After the caller's transaction commits (at once outside one), send the command's row
     as it is then. Best effort: the command is stored, and a page reads it on reload; robust,
-    so that no failure here reaches the caller, whose command is done. Costs about 2 ms (one
-    query, one synchronous group_send) per change."""
+    so that no failure here reaches the caller, whose command is done. One query and one
+    group_send on the process's sender loop (apps.live.send) per change."""
     transaction.on_commit(lambda: _broadcast(command_id), robust=True)
 
 
@@ -34,7 +33,7 @@ def _broadcast(command_id: uuid.UUID | str) -> None:
     if command is None:  # its cluster was deleted meanwhile
         return
     try:
-        async_to_sync(get_channel_layer().group_send)(
+        group_send(
             cluster_group(command.cluster_id),
             {"type": "command.changed", "command": command_row(command)},
         )
