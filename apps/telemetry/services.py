@@ -29,6 +29,7 @@ from django.db import connection, transaction
 from apps.core.codec import floats_decode, floats_encode, ints_decode, ints_encode
 from apps.core.db import server_cursor
 from apps.core.times import to_datetime
+from apps.telemetry.chunk_copy import chunk_rows_binary
 from apps.telemetry.models import HOST_GPU
 
 CHUNK_COLUMNS = "(node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, offsets_ms, vals)"
@@ -110,37 +111,15 @@ def samples_store(*, series: Series) -> SamplesStored:
     history."""
     if not series:
         return SamplesStored(0, [])
-    ids = metric_ids(names={metric for _, metric, _ in series})
-    count = 0
-    dirty = []
+    rows = chunk_rows_binary(
+        series=series, metric_ids=metric_ids(names={metric for _, metric, _ in series})
+    )
     with (
         connection.connection.cursor() as cursor,
         cursor.copy(f"COPY telemetry_chunk {CHUNK_COLUMNS} FROM STDIN (FORMAT BINARY)") as copy,
     ):
-        copy.set_types(CHUNK_TYPES)
-        for (node_id, metric, gpu), points in series.items():
-            t0 = points[0][0]
-            vals = [float(value) for _, value in points]
-            offsets = [round((ts - t0) * 1000) for ts, _ in points]
-            first, last = to_datetime(t0), to_datetime(points[-1][0])
-            copy.write_row(
-                (
-                    node_id,
-                    ids[metric],
-                    gpu,
-                    first,
-                    last,
-                    len(points),
-                    min(vals),
-                    max(vals),
-                    sum(vals),
-                    offsets,
-                    vals,
-                )
-            )
-            count += len(points)
-            dirty.append((node_id, ids[metric], gpu, first, last))
-    return SamplesStored(count, dirty)
+        copy.write(rows.stream)
+    return SamplesStored(rows.count, rows.ranges)
 
 
 def health_update(*, series: Series) -> None:
