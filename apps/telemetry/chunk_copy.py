@@ -1,15 +1,11 @@
-"""Unsealed chunk rows as one binary COPY stream, built with numpy.
+"""Unsealed chunk rows as one binary COPY stream, built with numpy (apps/core/copy.py).
 
 psycopg dumps an `int4[]` or `float8[]` in Python, element by element: for 10-point chunks
 that was most of a drain's CPU (≈ 0.3 µs a point). Here the fixed fields of every row are one
 structured array, the points of every row two more, and the stream is their bytes laid side
-by side in the order of PostgreSQL's binary COPY format (docs: "COPY", "Binary Format"):
-
-    signature, flags, extension length
-    per row: field count, then per field its byte length and its value in binary send form
-    (an array: ndim, has-nulls, element type oid, length, lower bound, then per element its
-    length and value)
-    trailer (-1)
+by side in the order of the binary COPY format: per row its field count, then per field its
+byte length and value (an array: ndim, has-nulls, element type oid, length, lower bound,
+then per element its length and value).
 
 Every value is computed as the per-row Python did, so the rows stored are bit for bit the
 same (tests/telemetry/test_chunk_copy.py compares them against psycopg's own dump).
@@ -17,17 +13,13 @@ same (tests/telemetry/test_chunk_copy.py compares them against psycopg's own dum
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 import numpy as np
 
-from apps.core.times import to_datetime
+from apps.core.copy import SIGNATURE, TRAILER, pg_microseconds
 
-SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
-TRAILER = b"\xff\xff"
 INT4_OID, FLOAT8_OID = 23, 701
-PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 INT4_MAX = 2**31 - 1
 
 # the row up to the offsets array's elements: 11 fields, each preceded by its byte length
@@ -54,10 +46,25 @@ _ARRAY_HEAD_BYTES = 20  # ndim, has-nulls, oid, length, lower bound
 Key = tuple[int, str, int]
 
 
+class SeriesRanges(NamedTuple):
+    """Per series written: its key and the timestamptz (pg_microseconds) of its first and
+    last point, as arrays in the order of the rows."""
+
+    node_ids: np.ndarray
+    metric_ids: np.ndarray
+    gpus: np.ndarray
+    t0s: np.ndarray
+    t1s: np.ndarray
+
+    @classmethod
+    def empty(cls) -> SeriesRanges:
+        return cls(*(np.empty(0, kind) for kind in ("i4", "i4", "i2", "i8", "i8")))
+
+
 class ChunkRows(NamedTuple):
     stream: bytes  # the whole COPY … FROM STDIN (FORMAT BINARY) input
     count: int  # points
-    ranges: list[tuple[int, int, int, datetime, datetime]]  # (node, metric id, gpu, t0, t1)
+    ranges: SeriesRanges
 
 
 def chunk_rows_binary(
@@ -77,21 +84,21 @@ def chunk_rows_binary(
     if offsets.size and np.abs(offsets).max() > INT4_MAX:
         raise ValueError("a series spans more than 24 days of samples in one drain")
 
+    ranges = SeriesRanges(
+        np.fromiter((key[0] for key in keys), np.int32, len(keys)),
+        np.fromiter((metric_ids[key[1]] for key in keys), np.int32, len(keys)),
+        np.fromiter((key[2] for key in keys), np.int16, len(keys)),
+        pg_microseconds(times[starts]),
+        pg_microseconds(times[ends - 1]),
+    )
     head = np.zeros(len(keys), _HEAD)
     head["fields"] = 11
     for name, size in (("node", 4), ("metric", 4), ("gpu", 2), ("t0", 8), ("t1", 8), ("n", 4)):
         head[f"{name}_len"] = size
     for name in ("vmin", "vmax", "vsum"):
         head[f"{name}_len"] = 8
-    head["node"] = [key[0] for key in keys]
-    head["metric"] = [metric_ids[key[1]] for key in keys]
-    head["gpu"] = [key[2] for key in keys]
-    ranges = [
-        (node, metric_ids[metric], gpu, to_datetime(points[0][0]), to_datetime(points[-1][0]))
-        for (node, metric, gpu), points in series.items()
-    ]
-    head["t0"] = [_pg_microseconds(row[3]) for row in ranges]
-    head["t1"] = [_pg_microseconds(row[4]) for row in ranges]
+    head["node"], head["metric"], head["gpu"] = ranges.node_ids, ranges.metric_ids, ranges.gpus
+    head["t0"], head["t1"] = ranges.t0s, ranges.t1s
     head["n"] = lengths
     # Python's own min, max and sum (left to right) of each row, as before: numpy's pairwise
     # sum can differ in the last bit, its minimum may pick -0.0 over an equal 0.0
@@ -144,8 +151,3 @@ def _interleave(
         )
     parts.append(TRAILER)
     return b"".join(parts)
-
-
-def _pg_microseconds(value: datetime) -> int:
-    """A timestamptz's binary form: microseconds since 2000-01-01 UTC."""
-    return (value - PG_EPOCH) // timedelta(microseconds=1)

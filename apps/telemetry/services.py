@@ -29,7 +29,7 @@ from django.db import connection, transaction
 from apps.core.codec import floats_decode, floats_encode, ints_decode, ints_encode
 from apps.core.db import server_cursor
 from apps.core.times import to_datetime
-from apps.telemetry.chunk_copy import chunk_rows_binary
+from apps.telemetry.chunk_copy import SeriesRanges, chunk_rows_binary
 from apps.telemetry.models import HOST_GPU
 
 CHUNK_COLUMNS = "(node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, offsets_ms, vals)"
@@ -102,7 +102,7 @@ class SamplesStored(NamedTuple):
     gpu, first ts, last ts), for the caller to mark dirty for the history rollups."""
 
     count: int
-    ranges: list[tuple[int, int, int, datetime, datetime]]
+    ranges: SeriesRanges
 
 
 def samples_store(*, series: Series) -> SamplesStored:
@@ -110,7 +110,7 @@ def samples_store(*, series: Series) -> SamplesStored:
     the rollups is the caller's step (the ingest store step), so telemetry never calls into
     history."""
     if not series:
-        return SamplesStored(0, [])
+        return SamplesStored(0, SeriesRanges.empty())
     rows = chunk_rows_binary(
         series=series, metric_ids=metric_ids(names={metric for _, metric, _ in series})
     )

@@ -1,9 +1,10 @@
-"""The numpy-built COPY stream of chunk rows (apps/telemetry/chunk_copy.py) stores what
-psycopg's own per-row dump of the same values stores, bit for bit, on real Postgres."""
+"""The numpy-built COPY streams (apps/core/copy.py; chunk rows in apps/telemetry/chunk_copy.py)
+store what psycopg's own per-row dump of the same values stores, bit for bit, on real
+Postgres."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apps.core.bounds import FLOAT_ABS_MAX
+from apps.core.copy import fixed_rows_binary, pg_microseconds
 from apps.core.times import to_datetime
 from apps.telemetry.chunk_copy import chunk_rows_binary
 from apps.telemetry.services import CHUNK_COLUMNS, CHUNK_TYPES
@@ -51,6 +53,10 @@ def reference_rows(series, metric_ids):
                len(pts), min(vals), max(vals), sum(vals), offsets, vals)  # fmt: skip
 
 
+def micros(value: datetime) -> int:
+    return (value - datetime(2000, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
 def stored(table: str) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {COMPARED} FROM {table} ORDER BY node_id, metric_id, gpu")
@@ -65,12 +71,16 @@ def test_the_stream_stores_what_psycopg_stored(series):
     metric_ids = {"gpu.util": 7, "host.cpu": 2**31 - 1}
     rows = chunk_rows_binary(series=series, metric_ids=metric_ids)
     assert rows.count == sum(len(pts) for pts in series.values())
-    assert rows.ranges == [row[:5] for row in reference_rows(series, metric_ids)]
+    ranges = list(zip(*(column.tolist() for column in rows.ranges), strict=True))
+    assert ranges == [
+        (*row[:3], micros(row[3]), micros(row[4])) for row in reference_rows(series, metric_ids)
+    ]
     with transaction.atomic():
         with connection.cursor() as cursor:
             for table in ("ours", "theirs"):
                 cursor.execute(
-                    f"CREATE TEMP TABLE {table} (LIKE telemetry_chunk INCLUDING DEFAULTS) ON COMMIT DROP"
+                    f"CREATE TEMP TABLE {table} (LIKE telemetry_chunk INCLUDING DEFAULTS)"
+                    " ON COMMIT DROP"
                 )
         raw = connection.connection
         with raw.cursor() as cursor:
@@ -89,3 +99,49 @@ def test_a_series_spanning_more_than_int4_milliseconds_is_refused():
     series = {(1, "gpu.util", 0): [(NOW - 25 * 86400, 1.0), (NOW, 2.0)]}
     with pytest.raises(ValueError, match="24 days"):
         chunk_rows_binary(series=series, metric_ids={"gpu.util": 1})
+
+
+@given(seconds=st.lists(times, max_size=50))
+def test_pg_microseconds_rounds_as_fromtimestamp(seconds):
+    assert pg_microseconds(seconds).tolist() == [micros(to_datetime(s)) for s in seconds]
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**15), 2**15 - 1), times,
+                  st.integers(-(2**63), 2**63 - 1)),
+        max_size=30,
+    )
+)  # fmt: skip
+def test_fixed_rows_store_what_psycopg_stored(rows):
+    columns = [
+        ("int4", [row[0] for row in rows]),
+        ("int2", [row[1] for row in rows]),
+        ("timestamptz", pg_microseconds([row[2] for row in rows])),
+        ("int8", [row[3] for row in rows]),
+    ]
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            for table in ("ours", "theirs"):
+                cursor.execute(
+                    f"CREATE TEMP TABLE {table} (a int4, b int2, t timestamptz, c int8)"
+                    " ON COMMIT DROP"
+                )
+        with connection.connection.cursor() as cursor:
+            with cursor.copy("COPY ours FROM STDIN (FORMAT BINARY)") as copy:
+                copy.write(fixed_rows_binary(columns))
+            with cursor.copy("COPY theirs FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["int4", "int2", "timestamptz", "int8"])
+                for a, b, ts, c in rows:
+                    copy.write_row((a, b, to_datetime(ts), c))
+            query = "SELECT array_agg(x ORDER BY a, b, t, c) FROM {} x"
+            cursor.execute(query.format("ours"))
+            ours = cursor.fetchone()
+            cursor.execute(query.format("theirs"))
+            assert ours == cursor.fetchone()
+            cursor.execute("SELECT count(*) FROM ours")
+            assert cursor.fetchone()[0] == len(rows)
+        transaction.set_rollback(True)
