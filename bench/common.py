@@ -78,9 +78,11 @@ class BenchStack:
         concurrency: int,
         http: str = "gunicorn",
         ingest_workers: int = 0,
+        nice: dict[str, int] | None = None,
     ) -> None:
         """`ingest_workers` > 0: agents' POSTs go to a gunicorn pool of their own at
-        `ingest_url`, as the production proxy routes them (docker/nginx.conf)."""
+        `ingest_url`, as the production proxy routes them (docker/nginx.conf). `nice`: a
+        niceness per process role (launcher.stack's names), to try priorities."""
         from launcher.procs import free_port
         from launcher.stack import server_commands
 
@@ -120,6 +122,8 @@ class BenchStack:
                 "--log-level",
                 "warning",
             ]
+        for role, level in (nice or {}).items():
+            self.commands[role] = ["nice", "-n", str(level), *self.commands[role]]
         self.processes: list[subprocess.Popen] = []
 
     def start(self) -> None:

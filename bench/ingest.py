@@ -67,6 +67,11 @@ def main() -> int:
         default="gunicorn",
         help="server for the HTTP API (websockets always on uvicorn)",
     )
+    parser.add_argument(
+        "--nice",
+        default="",
+        help="lower CPU priority of stack processes, e.g. ingest=10,worker=10 (reads first)",
+    )
     args = parser.parse_args()
 
     env, conninfo = prepare_database()
@@ -76,6 +81,9 @@ def main() -> int:
         concurrency=args.worker_concurrency,
         http=args.http,
         ingest_workers=args.ingest_workers,
+        nice=dict(
+            (role, int(level)) for role, level in (p.split("=") for p in args.nice.split(",") if p)
+        ),
     )
     stack.start()
     try:

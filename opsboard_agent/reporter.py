@@ -45,6 +45,7 @@ from typing import Any
 
 from opsboard_agent.checkpoint_now import CheckpointRequests
 from opsboard_agent.commands import CommandClient, CommandPoller
+from opsboard_agent.process import ExitState, env_int, node_gpu
 from opsboard_agent.records import Event, sample, sanitize_name
 from opsboard_agent.sender import Sender
 from opsboard_agent.shipper import Shipper
@@ -75,44 +76,6 @@ class _Phase:
 
     def __exit__(self, *exc: object) -> None:
         self._times[self._field] += time.perf_counter() - self._started
-
-
-class _ExitState:
-    """Whether the interpreter is exiting on an uncaught exception: sys.excepthook runs
-    before atexit hooks, so a wrapper around it records the failure and its message."""
-
-    failure: str | None = None
-    _installed = False
-
-    @classmethod
-    def install(cls) -> None:
-        if cls._installed:
-            return
-        cls._installed = True
-        previous = sys.excepthook
-
-        def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-            cls.failure = f"{kind.__name__}: {value}"[:8000]
-            previous(kind, value, tb)
-
-        sys.excepthook = hook
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    return int(value) if value.strip().lstrip("-").isdigit() else default
-
-
-GPU_MAX = 63  # the contract's bound of a GPU index
-
-
-def _node_gpu(device: int) -> int | None:
-    """A process's CUDA device index as the node numbers its GPUs (the node agent's, NVML's
-    index): through CUDA_VISIBLE_DEVICES when it lists indices; None for -1 or out of range."""
-    visible = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
-    if device >= 0 and all(part.isdigit() for part in visible) and device < len(visible):
-        device = int(visible[device])
-    return device if 0 <= device <= GPU_MAX else None
 
 
 class Reporter:
@@ -165,9 +128,9 @@ class Reporter:
         self.shipper.start(flush_interval=flush_interval)
         # A program that never calls close() still ends its run (failed on an uncaught
         # exception); close() unregisters this.
-        _ExitState.install()
+        ExitState.install()
         atexit.register(self._at_exit)
-        restarts = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+        restarts = env_int("TORCHELASTIC_RESTART_COUNT", 0)
         if restarts > 0 and rank == 0:
             self.event("restart", restart_count=restarts, rank=rank)
         if commands is None:
@@ -188,7 +151,7 @@ class Reporter:
         """A reporter configured from torchrun's RANK/LOCAL_RANK/WORLD_SIZE and
         OPSBOARD_SERVER, OPSBOARD_TOKEN_FILE, OPSBOARD_NODE, OPSBOARD_RUN,
         OPSBOARD_SPOOL_DIR (a per-rank subdirectory is used); keyword arguments win."""
-        rank = kwargs.pop("rank", _env_int("RANK", 0))
+        rank = kwargs.pop("rank", env_int("RANK", 0))
         token = kwargs.pop("token", None)
         token_file = kwargs.pop("token_file", None) or os.environ.get("OPSBOARD_TOKEN_FILE")
         if token is None and token_file:
@@ -202,8 +165,8 @@ class Reporter:
             token=token,
             node=kwargs.pop("node", None) or os.environ.get("OPSBOARD_NODE"),
             rank=rank,
-            local_rank=kwargs.pop("local_rank", _env_int("LOCAL_RANK", -1)),
-            world_size=kwargs.pop("world_size", _env_int("WORLD_SIZE", 1)),
+            local_rank=kwargs.pop("local_rank", env_int("LOCAL_RANK", -1)),
+            world_size=kwargs.pop("world_size", env_int("WORLD_SIZE", 1)),
             spool_dir=spool_dir,
             **kwargs,
         )
@@ -280,8 +243,8 @@ class Reporter:
             torch = sys.modules.get("torch")  # never imported here: only if the job did
             cuda = getattr(torch, "cuda", None)
             if cuda is not None and cuda.is_initialized():
-                self._cuda_gpu = _node_gpu(cuda.current_device())
-        return self._cuda_gpu if self._cuda_gpu is not None else _node_gpu(self.local_rank)
+                self._cuda_gpu = node_gpu(cuda.current_device())
+        return self._cuda_gpu if self._cuda_gpu is not None else node_gpu(self.local_rank)
 
     # -- checkpoint now ------------------------------------------------------------------
 
@@ -448,7 +411,7 @@ class Reporter:
         self.shipper = None
 
     def _at_exit(self) -> None:
-        failure = _ExitState.failure
+        failure = ExitState.failure
         self.close(state="failed" if failure else "finished", message=failure)
 
     def __enter__(self) -> Reporter:
