@@ -71,21 +71,41 @@ WITH {claimed},
 {_ISLANDS.format(key=SERIES_KEY)},
 chunks AS (
     SELECT i.node_id, i.metric_id, i.gpu, i.lo * 1000 AS lo_ms, i.hi * 1000 AS hi_ms,
-           extract(epoch FROM c.t0)::float8 * 1000 AS e0_ms, c.offsets_ms, c.vals, c.encoded
+           extract(epoch FROM c.t0)::float8 * 1000 AS e0_ms, c.offsets_ms, c.vals, c.encoded,
+           c.n, c.vsum, c.vmin, c.vmax
     FROM islands i CROSS JOIN LATERAL (
-        SELECT t0, offsets_ms, vals, ts_pco IS NOT NULL AS encoded FROM telemetry_chunk c
+        SELECT t0, offsets_ms, vals, ts_pco IS NOT NULL AS encoded, n, vsum, vmin, vmax
+        FROM telemetry_chunk c
         WHERE c.node_id = i.node_id AND c.metric_id = i.metric_id AND c.gpu = i.gpu
           AND c.t0 < to_timestamp(i.hi) AND c.t1 >= to_timestamp(i.lo)
           -- an uncompacted chunk holds one batch: it never starts long before its points
           AND c.t0 >= to_timestamp(i.lo) - interval '1 day'
         OFFSET 0
     ) c
+), spans AS (
+    -- a chunk's first and last point in ms, as the unnest below computes them (offsets are
+    -- in time order); whole: all its points lie in one minute of its island, and its sum is
+    -- finite (a row stored before the input bounds may hold an infinite one: its points
+    -- then overflow the minute's sum, and the round sets that series aside)
+    SELECT *, coalesce(
+        NOT encoded AND first_ms >= lo_ms AND last_ms < hi_ms
+        AND floor(first_ms / 60000) = floor(last_ms / 60000)
+        AND abs(vsum) < 'Infinity'::float8, false) AS whole
+    FROM (SELECT *, e0_ms + offsets_ms[1] AS first_ms,
+                 e0_ms + offsets_ms[array_upper(offsets_ms, 1)] AS last_ms FROM chunks) c
+), parts AS (
+    -- a whole chunk counts with its own n, sum, min and max: unnesting 10-point chunks one
+    -- by one was half the pass's CPU; the others go point by point
+    SELECT node_id, metric_id, gpu, floor(first_ms / 60000) AS k, n, vsum, vmin, vmax
+    FROM spans WHERE whole
+    UNION ALL
+    SELECT node_id, metric_id, gpu, floor((e0_ms + u.o) / 60000), 1, u.v, u.v, u.v
+    FROM spans CROSS JOIN LATERAL unnest(spans.offsets_ms, spans.vals) AS u(o, v)
+    WHERE NOT whole AND e0_ms + u.o >= lo_ms AND e0_ms + u.o < hi_ms
 ), minutes AS (
-    SELECT node_id, metric_id, gpu, floor((e0_ms + u.o) / 60000) AS k, count(*) AS n,
-           sum(u.v) AS vsum, min(u.v) AS vmin, max(u.v) AS vmax
-    FROM chunks CROSS JOIN LATERAL unnest(chunks.offsets_ms, chunks.vals) AS u(o, v)
-    WHERE e0_ms + u.o >= lo_ms AND e0_ms + u.o < hi_ms
-    GROUP BY node_id, metric_id, gpu, k
+    SELECT node_id, metric_id, gpu, k, sum(n) AS n, sum(vsum) AS vsum, min(vmin) AS vmin,
+           max(vmax) AS vmax
+    FROM parts GROUP BY node_id, metric_id, gpu, k
 ), upserted AS (
     INSERT INTO history_sample_1m AS r (node_id, metric_id, gpu, bucket, n, vsum, vmin, vmax)
     SELECT node_id, metric_id, gpu, to_timestamp(k * 60), n, vsum, vmin, vmax FROM minutes
