@@ -141,16 +141,25 @@ def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
 # One row per completion of a step number (epoch, step): detectors.goodput.completions'
 # medians, and the earliest start of a rank's step. date_part, not extract: the same float8
 # seconds without a numeric per report (a third of the query's time at 1,024 ranks).
+# Grouped by step first: the (run_id, step) index scan hands the reports over in step order,
+# so only each step's reports are sorted (an incremental sort), not all 123 k of 1,024 ranks
+# at once (which spilled to disk). The outer ORDER BY (on 120 rows; inside, it would bring
+# the big sort back) keeps the order of the former (epoch, step) grouping.
 _COMPLETIONS_SQL = """
-SELECT step, percentile_cont(0.5) WITHIN GROUP (ORDER BY e),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY step_time),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY data), min(e - step_time)
-FROM (
-    SELECT step, date_part('epoch', ts) AS e, step_time,
-           coalesce(data_time, 0) + coalesce(h2d_time, 0) AS data
-    FROM runs_stepreport WHERE run_id = %(run)s AND step > %(after)s
-) s
-GROUP BY width_bucket(e, %(restarts)s::float8[]), step
+SELECT step, e, step_time, data, first_start FROM (
+    SELECT epoch, step, percentile_cont(0.5) WITHIN GROUP (ORDER BY e) AS e,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY step_time) AS step_time,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY data) AS data,
+           min(e - step_time) AS first_start
+    FROM (
+        SELECT step, date_part('epoch', ts) AS e, step_time,
+               coalesce(data_time, 0) + coalesce(h2d_time, 0) AS data,
+               width_bucket(date_part('epoch', ts), %(restarts)s::float8[]) AS epoch
+        FROM runs_stepreport WHERE run_id = %(run)s AND step > %(after)s
+    ) s
+    GROUP BY step, epoch
+) per_completion
+ORDER BY epoch, step
 """
 
 
@@ -202,19 +211,30 @@ def run_rank_places(*, run: Run) -> dict[int, tuple[str, int | None]]:
     if run.last_step is None:
         return {}
     with connection.cursor() as cursor:
-        cursor.execute(_RANK_PLACES_SQL, [run.id, run.last_step - PLACE_STEPS])
+        cursor.execute(_RANK_PLACES_SQL, {"run": run.id, "after": run.last_step - PLACE_STEPS})
         return {rank: (node, gpu) for rank, node, gpu in cursor.fetchall()}
 
 
-# Each rank's best report as the greatest array [names its GPU, step, node, GPU] (the GPU
-# may be null: arrays differ before it): a hash aggregate over the ~100 k reports of 1,024
-# ranks, where DISTINCT ON sorted them all (2-3 times slower); the nodes are joined to the
-# 1,024 winners only.
+# Each rank's best report is the greatest [names its GPU, step, node, GPU]. First each rank's
+# best step (the newest that named a GPU, else the newest) by plain aggregates: a hash
+# aggregate over the ~100 k reports of 1,024 ranks (building an array per report to compare
+# took a third longer; DISTINCT ON sorted them all, 2-3 times slower). Then the greatest
+# [node, GPU] among the rank's reports at that step (several only when a report was sent
+# twice), read at those steps only (mostly one or a few: ~1,000 reports); the nodes are
+# joined to the 1,024 winners.
 _RANK_PLACES_SQL = """
-SELECT p.rank, n.name, p.best[4] FROM (
-    SELECT rank, max(ARRAY[(gpu IS NOT NULL)::int, step, node_id, gpu]::int8[]) AS best
-    FROM runs_stepreport WHERE run_id = %s AND step > %s GROUP BY rank
-) p JOIN clusters_node n ON n.id = p.best[3]
+WITH best_step AS MATERIALIZED (
+    SELECT rank, coalesce(max(step) FILTER (WHERE gpu IS NOT NULL), max(step)) AS step,
+           bool_or(gpu IS NOT NULL) AS named
+    FROM runs_stepreport WHERE run_id = %(run)s AND step > %(after)s GROUP BY rank
+)
+SELECT p.rank, n.name, p.best[2] FROM (
+    SELECT s.rank, max(ARRAY[s.node_id, s.gpu]::int8[]) AS best
+    FROM runs_stepreport s JOIN best_step b ON b.rank = s.rank AND b.step = s.step
+    WHERE s.run_id = %(run)s AND s.step = ANY(ARRAY(SELECT DISTINCT step FROM best_step))
+      AND (s.gpu IS NOT NULL OR NOT b.named)
+    GROUP BY s.rank
+) p JOIN clusters_node n ON n.id = p.best[1]
 """
 
 

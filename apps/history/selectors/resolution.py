@@ -57,13 +57,16 @@ def resolution_choose(
     series: int = 1,
     tiers: tuple[str, ...] = SAMPLE_TIERS,
     row_budget: int = RAW_POINT_BUDGET,
+    tier_series: int | None = None,
 ) -> Resolution:
     """The finest bucket width giving at most ~max_points buckets over [start, end), read
     from the coarsest of `tiers` that divides it and whose retention still covers `start`;
     else from raw data while `series` series (at 1 Hz) stay within RAW_POINT_BUDGET points
     and the raw retention covers `start`; else from the finest covering tier, widened to
-    a multiple of its width. A tier whose rows (series × span ÷ width) would exceed
+    a multiple of its width. A tier whose rows (tier_series × span ÷ width; tier_series
+    defaults to `series`, the run-level step tiers hold one row per bucket) would exceed
     `row_budget` is passed over for a coarser one."""
+    rows_per_bucket = series if tier_series is None else tier_series
     span = max(end - start, 1.0)
     if raw_points and span <= max_points * RAW_SAMPLE_INTERVAL_S:
         return Resolution(step=0, source="raw")
@@ -73,8 +76,8 @@ def resolution_choose(
         name for name in tiers if not _expired(start, now, getattr(settings, TIERS[name][1]))
     ] or [tiers[-1]]
 
-    def within_budget(width: float, budget: int = row_budget) -> bool:
-        return max(series, 1) * span / width <= budget
+    def within_budget(width: float, budget: int = row_budget, per: int = rows_per_bucket) -> bool:
+        return max(per, 1) * span / width <= budget
 
     for name in reversed(covering):  # coarsest first: the fewest rows to read
         width = TIERS[name][0]
@@ -82,7 +85,7 @@ def resolution_choose(
             return Resolution(step=step, source=name)  # type: ignore[arg-type]
     if (
         step < MINUTE
-        and within_budget(RAW_SAMPLE_INTERVAL_S, RAW_POINT_BUDGET)
+        and within_budget(RAW_SAMPLE_INTERVAL_S, RAW_POINT_BUDGET, series)
         and not _expired(start, now, settings.HISTORY_RAW_RETENTION_DAYS)
     ):
         return Resolution(step=step, source="raw")
