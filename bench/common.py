@@ -78,11 +78,11 @@ class BenchStack:
         concurrency: int,
         http: str = "gunicorn",
         ingest_workers: int = 0,
-        nice: dict[str, int] | None = None,
+        ingest_nice: int = 0,
     ) -> None:
         """`ingest_workers` > 0: agents' POSTs go to a gunicorn pool of their own at
-        `ingest_url`, as the production proxy routes them (docker/nginx.conf). `nice`: a
-        niceness per process role (launcher.stack's names), to try priorities."""
+        `ingest_url`, as the production proxy routes them (docker/nginx.conf).
+        `ingest_nice`: the niceness of the ingest pool and worker (launcher.stack)."""
         from launcher.procs import free_port
         from launcher.stack import server_commands
 
@@ -103,6 +103,7 @@ class BenchStack:
             log_level="WARNING",  # as `make run`: two INFO lines per task cost the worker
             ingest_port=ingest_port,
             ingest_workers=ingest_workers,
+            ingest_nice=ingest_nice,
         )
         if http == "uvicorn":
             self.ws_port = self.port
@@ -122,8 +123,6 @@ class BenchStack:
                 "--log-level",
                 "warning",
             ]
-        for role, level in (nice or {}).items():
-            self.commands[role] = ["nice", "-n", str(level), *self.commands[role]]
         self.processes: list[subprocess.Popen] = []
 
     def start(self) -> None:

@@ -68,9 +68,10 @@ def main() -> int:
         help="server for the HTTP API (websockets always on uvicorn)",
     )
     parser.add_argument(
-        "--nice",
-        default="",
-        help="lower CPU priority of stack processes, e.g. ingest=10,worker=10 (reads first)",
+        "--ingest-nice",
+        type=int,
+        default=10,
+        help="niceness of the ingest pool and worker, as deployed (INGEST_NICE); 0: none",
     )
     args = parser.parse_args()
 
@@ -81,9 +82,7 @@ def main() -> int:
         concurrency=args.worker_concurrency,
         http=args.http,
         ingest_workers=args.ingest_workers,
-        nice=dict(
-            (role, int(level)) for role, level in (p.split("=") for p in args.nice.split(",") if p)
-        ),
+        ingest_nice=args.ingest_nice,
     )
     stack.start()
     try:
@@ -162,7 +161,8 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     print(
         f"HTTP on {args.http}, senders {args.senders}, web workers {args.web_workers}"
         f" + ingest pool {args.ingest_workers or 'none (one pool)'}, "
-        f"celery concurrency {args.worker_concurrency}, {total_batches} batches x 1,000 samples, "
+        f"celery concurrency {args.worker_concurrency}, ingest nice {args.ingest_nice}, "
+        f"{total_batches} batches x 1,000 samples, "
         f"offered {'max' if not args.rate else f'{args.rate:,.0f} samples/s'}, "
         f"{senders.failed} failed posts"
     )

@@ -93,6 +93,7 @@ def server_commands(
     log_level: str = "INFO",
     ingest_port: int | None = None,
     ingest_workers: int = 3,
+    ingest_nice: int = 0,
 ) -> dict[str, list[str]]:
     """The stack's long-running processes.
 
@@ -108,7 +109,12 @@ def server_commands(
 
     With `ingest_port`, agents' POSTs get gunicorn workers of their own there (`ingest`), as
     a proxy routes them in production (docker/nginx.conf): a page or chart read then never
-    waits in the accept queue behind ingest bodies (docs/performance.md)."""
+    waits in the accept queue behind ingest bodies (docs/performance.md).
+
+    `ingest_nice` > 0 runs the ingest worker (and the ingest pool, when it has one) at that
+    niceness: when the cores are saturated, page reads, detection and the live feed get the
+    CPU first, and the excess waits durably in the inbox and the agents' spools (chart p95
+    under ingest ÷ idle 4.5–7.4 → 2.2–3.1 in bench/ingest.py, docs/performance.md)."""
     python = sys.executable
     # Below INFO, the start-up banners go too (they came after the printed login).
     quiet = [] if log_level.upper() in ("DEBUG", "INFO") else ["--quiet"]
@@ -175,6 +181,10 @@ def server_commands(
     }
     if ingest_port is not None:
         commands["ingest"] = gunicorn(ingest_port, ingest_workers)
+    if ingest_nice > 0:
+        for role in ("ingest", "worker"):
+            if role in commands:
+                commands[role] = ["nice", "-n", str(ingest_nice), *commands[role]]
     if not beat_in_worker:
         commands["beat"] = [
             python,
@@ -203,6 +213,7 @@ def processes(environment: dict[str, str], args: argparse.Namespace) -> dict[str
         queue=environment.get("OPSBOARD_REDIS_PREFIX", "opsboard"),
         beat_schedule=var / "celerybeat-schedule",
         log_level=environment["LOG_LEVEL"],
+        ingest_nice=int(environment.get("INGEST_NICE", 10)),
     )
     if args.command == "demo":
         commands["simulator"] = simulator_command(
