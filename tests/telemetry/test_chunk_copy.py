@@ -57,6 +57,13 @@ def micros(value: datetime) -> int:
     return (value - datetime(2000, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
+def temp_tables(definition: str) -> None:
+    """`ours` (our stream) and `theirs` (psycopg's rows), gone with the transaction."""
+    with connection.cursor() as cursor:
+        for table in ("ours", "theirs"):
+            cursor.execute(f"CREATE TEMP TABLE {table} {definition} ON COMMIT DROP")
+
+
 def stored(table: str) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {COMPARED} FROM {table} ORDER BY node_id, metric_id, gpu")
@@ -76,12 +83,7 @@ def test_the_stream_stores_what_psycopg_stored(series):
         (*row[:3], micros(row[3]), micros(row[4])) for row in reference_rows(series, metric_ids)
     ]
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            for table in ("ours", "theirs"):
-                cursor.execute(
-                    f"CREATE TEMP TABLE {table} (LIKE telemetry_chunk INCLUDING DEFAULTS)"
-                    " ON COMMIT DROP"
-                )
+        temp_tables("(LIKE telemetry_chunk INCLUDING DEFAULTS)")
         raw = connection.connection
         with raw.cursor() as cursor:
             with cursor.copy(f"COPY ours {CHUNK_COLUMNS} FROM STDIN (FORMAT BINARY)") as copy:
@@ -124,12 +126,7 @@ def test_fixed_rows_store_what_psycopg_stored(rows):
         ("int8", [row[3] for row in rows]),
     ]
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            for table in ("ours", "theirs"):
-                cursor.execute(
-                    f"CREATE TEMP TABLE {table} (a int4, b int2, t timestamptz, c int8)"
-                    " ON COMMIT DROP"
-                )
+        temp_tables("(a int4, b int2, t timestamptz, c int8)")
         with connection.connection.cursor() as cursor:
             with cursor.copy("COPY ours FROM STDIN (FORMAT BINARY)") as copy:
                 copy.write(fixed_rows_binary(columns))
