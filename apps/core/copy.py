@@ -31,22 +31,36 @@ def pg_microseconds(seconds: np.ndarray) -> np.ndarray:
     return (whole.astype(np.int64) - UNIX_TO_PG_EPOCH_S) * 1_000_000 + micros.astype(np.int64)
 
 
-def fixed_rows_binary(columns: Sequence[tuple[str, np.ndarray | Sequence]]) -> bytes:
-    """The COPY stream of rows whose columns are all fixed-width and not null, given as
-    (type name from TYPES, values) in the table's column order; a timestamptz column's
-    values are pg_microseconds."""
+def send_form(
+    columns: Sequence[tuple[str, np.ndarray | Sequence]],
+    *,
+    field_count: int | None = None,
+    tail: Sequence[str] = (),
+) -> np.ndarray:
+    """One structured record per value of the columns, packed big-endian: the row's field
+    count when given, then each column's byte length and value (type name from TYPES; a
+    timestamptz's values are pg_microseconds), then `tail` int4 fields left at zero for the
+    caller (an array's header, say)."""
     rows = len(columns[0][1]) if columns else 0
-    layout = np.dtype(
-        [("fields", ">i2")]
+    layout = (
+        ([("fields", ">i2")] if field_count is not None else [])
         + [
             (part, TYPES[kind] if part.startswith("v") else ">i4")
             for index, (kind, _) in enumerate(columns)
             for part in (f"n{index}", f"v{index}")
         ]
+        + [(name, ">i4") for name in tail]
     )
-    table = np.empty(rows, layout)
-    table["fields"] = len(columns)
+    table = np.zeros(rows, np.dtype(layout))
+    if field_count is not None:
+        table["fields"] = field_count
     for index, (kind, values) in enumerate(columns):
         table[f"n{index}"] = np.dtype(TYPES[kind]).itemsize
         table[f"v{index}"] = values
-    return SIGNATURE + table.tobytes() + TRAILER
+    return table
+
+
+def fixed_rows_binary(columns: Sequence[tuple[str, np.ndarray | Sequence]]) -> bytes:
+    """The COPY stream of rows whose columns are all fixed-width and not null, given as
+    (type name from TYPES, values) in the table's column order."""
+    return SIGNATURE + send_form(columns, field_count=len(columns)).tobytes() + TRAILER

@@ -17,30 +17,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from apps.core.copy import SIGNATURE, TRAILER, pg_microseconds
+from apps.core.copy import SIGNATURE, TRAILER, pg_microseconds, send_form
 
 INT4_OID, FLOAT8_OID = 23, 701
 INT4_MAX = 2**31 - 1
 
-# the row up to the offsets array's elements: 11 fields, each preceded by its byte length
-_HEAD = np.dtype(
-    [
-        ("fields", ">i2"),
-        ("node_len", ">i4"), ("node", ">i4"),
-        ("metric_len", ">i4"), ("metric", ">i4"),
-        ("gpu_len", ">i4"), ("gpu", ">i2"),
-        ("t0_len", ">i4"), ("t0", ">i8"),
-        ("t1_len", ">i4"), ("t1", ">i8"),
-        ("n_len", ">i4"), ("n", ">i4"),
-        ("vmin_len", ">i4"), ("vmin", ">f8"),
-        ("vmax_len", ">i4"), ("vmax", ">f8"),
-        ("vsum_len", ">i4"), ("vsum", ">f8"),
-        *[(f"offsets_{name}", ">i4") for name in ("len", "ndim", "nulls", "oid", "dim", "lower")],
-    ]
-)  # fmt: skip
-_VALS_HEAD = np.dtype([(name, ">i4") for name in ("len", "ndim", "nulls", "oid", "dim", "lower")])
-_OFFSET = np.dtype([("len", ">i4"), ("value", ">i4")])
-_VALUE = np.dtype([("len", ">i4"), ("value", ">f8")])
+# an array's header after its byte length: ndim, has-nulls, element type oid, length, lower
+# bound; the chunk row's offsets array begins in its head, its values array in its own
+_ARRAY_HEAD = ("len", "ndim", "nulls", "oid", "dim", "lower")
+_VALS_HEAD = np.dtype([(name, ">i4") for name in _ARRAY_HEAD])
 _ARRAY_HEAD_BYTES = 20  # ndim, has-nulls, oid, length, lower bound
 
 Key = tuple[int, str, int]
@@ -91,32 +76,36 @@ def chunk_rows_binary(
         pg_microseconds(times[starts]),
         pg_microseconds(times[ends - 1]),
     )
-    head = np.zeros(len(keys), _HEAD)
-    head["fields"] = 11
-    for name, size in (("node", 4), ("metric", 4), ("gpu", 2), ("t0", 8), ("t1", 8), ("n", 4)):
-        head[f"{name}_len"] = size
-    for name in ("vmin", "vmax", "vsum"):
-        head[f"{name}_len"] = 8
-    head["node"], head["metric"], head["gpu"] = ranges.node_ids, ranges.metric_ids, ranges.gpus
-    head["t0"], head["t1"] = ranges.t0s, ranges.t1s
-    head["n"] = lengths
     # Python's own min, max and sum (left to right) of each row, as before: numpy's pairwise
     # sum can differ in the last bit, its minimum may pick -0.0 over an equal 0.0
     bounds = list(zip(starts.tolist(), ends.tolist(), strict=True))
-    head["vmin"] = [min(values[start:end]) for start, end in bounds]
-    head["vmax"] = [max(values[start:end]) for start, end in bounds]
-    head["vsum"] = [sum(values[start:end]) for start, end in bounds]
+    head = send_form(
+        [
+            ("int4", ranges.node_ids),
+            ("int4", ranges.metric_ids),
+            ("int2", ranges.gpus),
+            ("timestamptz", ranges.t0s),
+            ("timestamptz", ranges.t1s),
+            ("int4", lengths),
+            ("float8", [min(values[start:end]) for start, end in bounds]),
+            ("float8", [max(values[start:end]) for start, end in bounds]),
+            ("float8", [sum(values[start:end]) for start, end in bounds]),
+        ],
+        field_count=11,
+        tail=[f"offsets_{name}" for name in _ARRAY_HEAD],
+    )
     _array_head(head, prefix="offsets_", oid=INT4_OID, lengths=lengths, element_bytes=8)
-
     vals_head = np.zeros(len(keys), _VALS_HEAD)
     _array_head(vals_head, prefix="", oid=FLOAT8_OID, lengths=lengths, element_bytes=12)
-    offset_points = np.empty(len(offsets), _OFFSET)
-    offset_points["len"], offset_points["value"] = 4, offsets
-    value_points = np.empty(len(vals), _VALUE)
-    value_points["len"], value_points["value"] = 8, vals
 
     return ChunkRows(
-        _interleave(head, offset_points, vals_head, value_points, bounds),
+        _interleave(
+            head,
+            send_form([("int4", offsets)]),
+            vals_head,
+            send_form([("float8", vals)]),
+            bounds,
+        ),
         len(values),
         ranges,
     )
@@ -140,7 +129,7 @@ def _interleave(
     """signature, (head, offsets, values head, values) per row, trailer."""
     heads, offsets = memoryview(head.tobytes()), memoryview(offset_points.tobytes())
     vals_heads, values = memoryview(vals_head.tobytes()), memoryview(value_points.tobytes())
-    head_size, vals_head_size = _HEAD.itemsize, _VALS_HEAD.itemsize
+    head_size, vals_head_size = head.dtype.itemsize, _VALS_HEAD.itemsize
     parts: list[bytes | memoryview] = [SIGNATURE]
     for row, (start, end) in enumerate(bounds):
         parts += (
