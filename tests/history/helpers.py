@@ -23,6 +23,13 @@ def cluster_nodes(count: int, name: str = "c") -> list[Node]:
     return [Node.objects.create(cluster=cluster, name=f"n{index:02d}") for index in range(count)]
 
 
+def settled_hour() -> float:
+    """The latest top of an hour that ended 5 minutes ago or more. Data up to it is all in the
+    rollups after a pass, whatever minute the test starts at: a range ending at the current
+    hour would, in its first ROLLUP_FRESH_MARGIN_S (60 s), still read its last bucket raw."""
+    return (time.time() - 300) // 3600 * 3600
+
+
 def value_at(ts: float, gpu: int) -> float:
     """A deterministic, uneven gauge value so that sums, mins and maxes all differ."""
     return float((int(ts) * 7 + gpu * 13) % 101) + 0.25

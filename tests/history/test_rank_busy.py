@@ -1,8 +1,6 @@
 """The heat-map's read: every rank's busy time as a matrix, the very means of
 run_rank_history's `busy`, from raw reports and from each rollup tier, in two queries."""
 
-import time
-
 import numpy as np
 import pytest
 
@@ -10,7 +8,7 @@ from apps.clusters.models import Node
 from apps.history.selectors import run_rank_busy, run_rank_history
 from apps.runs.models import Run
 from launcher.plans import prepared_generic_plans
-from tests.history.helpers import cluster_nodes, refresh, rows, steps_put
+from tests.history.helpers import cluster_nodes, refresh, rows, settled_hour, steps_put
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +21,7 @@ def gappy_run():
     and rank 4 in the last, so that the matrix has holes where run_rank_history has None."""
     node: Node = cluster_nodes(1)[0]
     run = Run.objects.create(cluster=node.cluster, name="r", world_size=5)
-    end = time.time() // 3600 * 3600
+    end = settled_hour()
     steps_put(run, node, end - 2 * HOUR, 2 * HOUR, ranks=5, slow_rank=2)
     rows(
         "DELETE FROM runs_stepreport WHERE run_id = %s AND ((rank = 3 AND ts < to_timestamp(%s))"
@@ -62,7 +60,7 @@ def test_many_ranks_read_a_coarser_tier_whose_cells_are_its_rollup_aggregates():
     and in run_rank_history alike. A few ranks report, so the test stays small."""
     node: Node = cluster_nodes(1)[0]
     run = Run.objects.create(cluster=node.cluster, name="wide", world_size=256)
-    end = time.time() // 3600 * 3600
+    end = settled_hour()
     steps_put(run, node, end - HOUR, HOUR, ranks=3, slow_rank=1)
     refresh()
     # minute rows that no ten-second tier could give: each its own mean

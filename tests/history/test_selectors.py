@@ -26,6 +26,7 @@ from tests.history.helpers import (
     refresh,
     rows,
     samples_put,
+    settled_hour,
     steps_put,
     value_at,
 )
@@ -255,7 +256,7 @@ def test_it_costs_the_same_queries_whatever_the_node_count(node_count, django_as
 def slow_run(node):
     """4 ranks, one step a second for 2 hours; rank 2 takes 3 s a step, the others 1 s."""
     run = Run.objects.create(cluster=node.cluster, name="r", world_size=4)
-    end = time.time() // 3600 * 3600
+    end = settled_hour()
     steps_put(run, node, end - 2 * HOUR, 2 * HOUR, ranks=4, slow_rank=2)
     refresh()
     return run, end
