@@ -4,7 +4,8 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import task_revoked
+from celery.signals import task_postrun, task_prerun, task_revoked
+from django.db import close_old_connections
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsboard.settings")
 
@@ -13,6 +14,18 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 logger = logging.getLogger("opsboard.periodic")
+
+
+@task_prerun.connect
+@task_postrun.connect
+def connections_return(task=None, **_: object) -> None:
+    """Around each task, give the connection back to the process's pool (CONN_MAX_AGE is 0),
+    as Django does around each request; one that errored or broke is discarded. The pool
+    outlives the task (settings.CELERY_DB_REUSE_MAX): a task reuses a backend, it does not
+    start one. Eager tasks run inside the caller's transaction and are left alone."""
+    if task is not None and getattr(task.request, "is_eager", False):
+        return
+    close_old_connections()
 
 
 @task_revoked.connect

@@ -177,6 +177,11 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes the connection pool of a prefork child after every task, so
+# each task forked a new Postgres backend (≈ 1 per drain: a fifth of the CPU under ingest,
+# docs/performance.md). With a reuse count it keeps the pool; opsboard.celery returns the
+# connection to that pool after each task instead, dropping one that broke.
+CELERY_DB_REUSE_MAX = envint("CELERY_DB_REUSE_MAX", 1000)
 # Beat's periodic work has a queue of its own, consumed by a worker of its own (`make run`,
 # compose, the test stack): behind ~60 ingest tasks a second, evaluation passes waited in the
 # default queue until they expired, and detection stopped exactly when the system was busiest.
