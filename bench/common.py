@@ -231,6 +231,24 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
+def rollups_wait_current(conninfo_: str) -> None:
+    """Until the rollup passes have consumed every dirty range (a pass deletes the ranges it
+    claims in the transaction that writes their buckets: none left means all are written)."""
+    import time
+
+    import psycopg
+
+    while True:
+        with psycopg.connect(conninfo_, autocommit=True) as conn:
+            left = conn.execute(
+                "SELECT (SELECT count(*) FROM history_dirty_series)"
+                " + (SELECT count(*) FROM history_dirty_run)"
+            ).fetchone()[0]
+        if left == 0:
+            return
+        time.sleep(0.2)
+
+
 def inbox_wait_empty(conninfo_: str) -> None:
     """Until every accepted batch is committed (no unprocessed inbox row)."""
     import time

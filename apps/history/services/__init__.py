@@ -107,7 +107,7 @@ class RefreshResult:
     set_aside: int = 0  # dirty rows whose buckets could not be recomputed (logged)
 
 
-def rollups_refresh(*, claim_rows: int = 20_000, max_rounds: int = 50) -> RefreshResult:
+def rollups_refresh(*, claim_rows: int | None = None, max_rounds: int = 50) -> RefreshResult:
     """Recompute every minute and hour bucket that ingest marked dirty, from raw data.
 
     Idempotent and safe to run concurrently (a second caller returns at once). Each round
@@ -115,6 +115,7 @@ def rollups_refresh(*, claim_rows: int = 20_000, max_rounds: int = 50) -> Refres
     their hours. When a round leaves nothing dirty, `history_watermark` moves to the round's
     start: every raw write committed before it is in the rollups (selectors read raw data
     after it)."""
+    claim_rows = claim_rows or settings.HISTORY_ROLLUP_CLAIM_ROWS
     result = RefreshResult()
     floors = _refresh_floors(now=time.time())
     for _ in range(max_rounds):
