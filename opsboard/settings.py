@@ -312,12 +312,15 @@ INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024)
 INGEST_MAX_RECORDS = envint("INGEST_MAX_RECORDS", 20_000)
 # An unprocessed inbox row older than this is re-enqueued by the sweep (lost task, Redis down).
 INGEST_SWEEP_AGE = envfloat("INGEST_SWEEP_AGE", 30.0)
-# How many inbox rows one worker transaction drains when a backlog builds up.
-INGEST_DRAIN_ROWS = envint("INGEST_DRAIN_ROWS", 20)
+# How many inbox rows one worker transaction drains when a backlog builds up. A drain pays
+# a fixed cost (claim, node upserts, health merge, Redis, commit) that 40 rows share better
+# than 20: 2.8-3.1 -> 2.4 µs of worker CPU per sample (docs/performance.md).
+INGEST_DRAIN_ROWS = envint("INGEST_DRAIN_ROWS", 40)
 # Backpressure (apps/ingest/services/backpressure.py): a POST waits up to the seconds while
-# more rows than this wait in the inbox (a third of a second of draining at ~80 batches/s:
-# live lag p99 861 ms at 24 rows, 1,287 at 64, same rate; docs/performance.md); 0: off.
-INGEST_BACKLOG_ROWS = envint("INGEST_BACKLOG_ROWS", 24)
+# more rows than this wait in the inbox, about a quarter of a second of draining at ~200
+# batches/s (live lag p99 303-357 ms at 48 rows with 40-row drains, 281-293 at 24 with 20;
+# docs/performance.md); 0: off. Above two drains' worth, so that drains stay full.
+INGEST_BACKLOG_ROWS = envint("INGEST_BACKLOG_ROWS", 48)
 INGEST_BACKLOG_WAIT_S = envfloat("INGEST_BACKLOG_WAIT_S", 2.0)
 # One drain task is pending per queue at a time (a Redis flag, leased for this many seconds).
 # The lease is short: a task that no worker will run (lost with a killed worker, or taken

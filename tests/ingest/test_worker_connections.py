@@ -100,5 +100,9 @@ def test_a_worker_reuses_its_backends_across_tasks_and_replaces_dead_ones(
     assert batches.count() == 30
     assert not batches.filter(quarantined_at__isnull=False).exists()  # transient: retried
     with connection.cursor() as cursor:
-        cursor.execute("SELECT coalesce(sum(n), 0) FROM telemetry_chunk")
-        assert cursor.fetchone()[0] == 30 * SAMPLES
+        cursor.execute(
+            "SELECT coalesce(sum(c.n), 0) FROM telemetry_chunk c"
+            " JOIN clusters_node n ON n.id = c.node_id WHERE n.cluster_id = %s",
+            [token.cluster_id],
+        )
+        assert cursor.fetchone()[0] == 30 * SAMPLES  # each batch stored once
