@@ -52,7 +52,7 @@ evaluate: install-torch
 
 bench: install-torch
 	$(PY) bench/ingest.py                 # as fast as the server answers
-	$(PY) bench/ingest.py --rate 120000   # a paced load: is it sustainable (flat backlog)?
+	$(PY) bench/ingest.py --rate 150000   # paced at the target: flat backlog, lag at that rate
 	$(PY) bench/detectors.py
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/pages.py                  # pages, charts and history selectors over a 72 h run
