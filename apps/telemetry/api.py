@@ -1,6 +1,7 @@
 import time
 from typing import Any
 
+from django.db.models import QuerySet, Subquery
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
@@ -10,9 +11,9 @@ from apps.clusters.models import Node
 from apps.core.bounds import GPU_MAX, METRIC_MAX_LENGTH, NAME_MAX_LENGTH
 from apps.core.errors import Errors, FieldError
 from apps.core.params import CLUSTER_MAX_LENGTH, timestamp_field
+from apps.telemetry.models import Metric
 from apps.telemetry.selectors import (
     SOURCE_PATTERN,
-    metric_id_get,
     metric_of,
     node_series_list,
     series_grouped,
@@ -60,20 +61,34 @@ class SeriesOut(Schema):
     points: list[list[float]]
 
 
+def _visible_nodes(request: HttpRequest, name: str, cluster: str | None) -> QuerySet[Node]:
+    return Node.objects.filter(name=name, **request_cluster_filter(request, cluster))
+
+
+def _only(rows: list) -> Any:
+    """The one row of a node lookup; 404/400 naming `node` when there is none or several."""
+    if len(rows) != 1:
+        raise FieldError(
+            404 if not rows else 400,
+            "node",
+            "no such node" if not rows else "in several clusters: name the cluster",
+        )
+    return rows[0]
+
+
 def _node_id(request: HttpRequest, name: str, cluster: str | None) -> int:
     """The id of the node `name` the reader may see; 404/400 naming `node` otherwise."""
-    nodes = list(
-        Node.objects.filter(name=name, **request_cluster_filter(request, cluster)).values_list(
-            "id", flat=True
-        )[:2]
-    )
-    if len(nodes) != 1:
-        raise FieldError(
-            404 if not nodes else 400,
-            "node",
-            "no such node" if not nodes else "in several clusters: name the cluster",
-        )
-    return nodes[0]
+    return _only(list(_visible_nodes(request, name, cluster).values_list("id", flat=True)[:2]))
+
+
+def _node_and_metric_ids(
+    request: HttpRequest, query: SeriesQuery, metric: str
+) -> tuple[int, int | None]:
+    """(node id as `_node_id` finds it, the metric's id or None), in one round trip: under
+    load every round trip of a chart read waits for a core again."""
+    metric_id = Subquery(Metric.objects.filter(name=metric).values("id")[:1])
+    nodes = _visible_nodes(request, query.node, query.cluster).annotate(metric_id=metric_id)
+    return _only(list(nodes.values_list("id", "metric_id")[:2]))
 
 
 def _unknown_series(node_id: int, query: SeriesQuery) -> FieldError:
@@ -92,9 +107,8 @@ def series(request: HttpRequest, query: Query[SeriesQuery]):
         raise FieldError(400, "start", "must be before end")
     if query.step and (end - start) / query.step > 100_000:
         raise FieldError(400, "step", "too small for the range: over 100,000 buckets")
-    node_id = _node_id(request, query.node, query.cluster)
     metric = metric_of(source=query.source, name=query.metric)
-    metric_id = metric_id_get(name=metric)
+    node_id, metric_id = _node_and_metric_ids(request, query, metric)
     if metric_id is None:
         raise _unknown_series(node_id, query)
     points = series_read(

@@ -165,3 +165,13 @@ def test_series_grouped_counts_every_source_and_lists_the_chosen_one_sorted():
         {"source": "b", "series": 1},
     ]
     assert [(s["name"], s["gpu"]) for s in grouped["series"]] == [("y", 0), ("y", 1)]
+
+
+def test_a_chart_read_takes_three_round_trips(stored, django_assert_num_queries):
+    """The token, the node with the metric's id, the chunks: under ingest each round trip
+    waits for a core again, so the chart read keeps to these."""
+    reader, _ = stored
+    with django_assert_num_queries(3):
+        response = reader.get("/api/v1/series", {"node": "n", "metric": "gpu.util", "gpu": 0})
+    assert response.status_code == 200
+    assert [p[1] for p in response.json()["points"]] == [90.0, 90.0]
