@@ -234,32 +234,24 @@ def percentile(values: list[float], pct: float) -> float:
 def rollups_wait_current(conninfo_: str) -> None:
     """Until the rollup passes have consumed every dirty range (a pass deletes the ranges it
     claims in the transaction that writes their buckets: none left means all are written)."""
-    import time
-
-    import psycopg
-
-    while True:
-        with psycopg.connect(conninfo_, autocommit=True) as conn:
-            left = conn.execute(
-                "SELECT (SELECT count(*) FROM history_dirty_series)"
-                " + (SELECT count(*) FROM history_dirty_run)"
-            ).fetchone()[0]
-        if left == 0:
-            return
-        time.sleep(0.2)
+    _wait_zero(
+        conninfo_,
+        "SELECT (SELECT count(*) FROM history_dirty_series)"
+        " + (SELECT count(*) FROM history_dirty_run)",
+    )
 
 
 def inbox_wait_empty(conninfo_: str) -> None:
     """Until every accepted batch is committed (no unprocessed inbox row)."""
+    _wait_zero(conninfo_, "SELECT count(*) FROM ingest_inboxbatch WHERE processed_at IS NULL")
+
+
+def _wait_zero(conninfo_: str, count_sql: str) -> None:
+    """Until `count_sql` counts nothing, read every 0.2 s."""
     import time
 
     import psycopg
 
-    while True:
-        with psycopg.connect(conninfo_, autocommit=True) as conn:
-            left = conn.execute(
-                "SELECT count(*) FROM ingest_inboxbatch WHERE processed_at IS NULL"
-            ).fetchone()[0]
-        if left == 0:
-            return
-        time.sleep(0.2)
+    with psycopg.connect(conninfo_, autocommit=True) as conn:
+        while conn.execute(count_sql).fetchone()[0]:
+            time.sleep(0.2)
