@@ -319,7 +319,7 @@ INGEST_DRAIN_ROWS = envint("INGEST_DRAIN_ROWS", 40)
 # Backpressure (apps/ingest/services/backpressure.py): a POST waits up to the seconds while
 # more rows than this wait in the inbox, about a quarter of a second of draining at ~200
 # batches/s (live lag p99 303-357 ms at 48 rows with 40-row drains, 281-293 at 24 with 20;
-# docs/performance.md); 0: off. Above two drains' worth, so that drains stay full.
+# docs/performance.md); 0: off. Above one drain's worth, so that a drain's claim is full.
 INGEST_BACKLOG_ROWS = envint("INGEST_BACKLOG_ROWS", 48)
 INGEST_BACKLOG_WAIT_S = envfloat("INGEST_BACKLOG_WAIT_S", 2.0)
 # One drain task is pending per queue at a time (a Redis flag, leased for this many seconds).
