@@ -166,6 +166,7 @@ RETURNING c.node_id, c.metric_id, c.gpu, (extract(epoch FROM c.t0) * 1000000)::i
           c.offsets_ms, c.vals, c.ts_pco, c.vals_pco
 """
 COMPACT_SERIES_BATCH = 5000  # series merged per statement: bounds the points held in memory
+COMPACT_GRACE_S = 60  # a window is compacted once it ended this long ago (late batches)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -177,8 +178,7 @@ def chunks_compact(*, now: datetime, lookback_windows: int = 6) -> int:
     row is deleted, decoded and rewritten with them, in the same transaction (exactly once).
     Returns the number of rows written."""
     width = settings.TELEMETRY_CHUNK_SECONDS
-    grace = 60
-    end_ts = (int(now.timestamp()) - grace) // width * width
+    end_ts = (int(now.timestamp()) - COMPACT_GRACE_S) // width * width
     written = 0
     for index in range(lookback_windows, 0, -1):
         window = {

@@ -2,6 +2,7 @@
 agent code) through the live stack: every chart is drawn with data, a straggler shows in the
 heat-map and as an alert, and an acknowledgement reaches another open browser."""
 
+import itertools
 import re
 import statistics
 import time
@@ -42,10 +43,6 @@ def evaluate_now(cluster, now: float) -> None:
 
     with ThreadPoolExecutor(1) as pool:
         pool.submit(evaluate).result()
-
-
-def loss_last_x(page) -> float:
-    return page.evaluate("() => Math.max(...document.getElementById('chart-loss').data[0].x)")
 
 
 def wait_drawn(page, charts) -> None:
@@ -99,11 +96,15 @@ def test_the_run_page_shows_a_straggler_and_an_acknowledgement_reaches_other_bro
     assert f"rank {STRAGGLER}" in straggler_row.inner_text()
     screenshot(watcher.page, "dashboard-run")
 
-    # new steps of the run extend its charts without reload
-    last_x = loss_last_x(watcher.page)
+    # new steps of the run extend its charts without reload: steps in the bucket after the
+    # chart's last (x values are bucket starts, Unix ms in the page's default UTC zone). A
+    # fixed "now + 15 s" could fall in the simulator's last bucket, and never extend it.
+    xs = watcher.page.evaluate("() => Array.from(document.getElementById('chart-loss').data[0].x)")
+    last_x, width = max(xs), min(b - a for a, b in itertools.pairwise(sorted(xs)))
     agent = AgentClient(live_stack.url, agent_token[1])
     node = sim.scenario["layout"]["nodes"][0]
-    later = time.time() + 15  # past the simulator's last bucket (≤ 5 min ahead is allowed)
+    later = (last_x + width) / 1000 + 1
+    assert later < time.time() + 300  # the contract accepts ts up to 5 minutes ahead
     steps = [
         {"ts": later, "rank": rank, "step": 5000, "step_time": 1.0, "tokens": 32768, "loss": 1.5}
         for rank in range(4)

@@ -17,7 +17,12 @@ from apps.history.selectors.metrics import metric_history_at
 from apps.history.selectors.resolution import Resolution
 from apps.history.services import history_prune, rollups_refresh, series_mark_dirty
 from apps.telemetry.selectors import chunk_storage, metric_id_get, series_points, series_read
-from apps.telemetry.services import chunks_compact, samples_group, samples_store
+from apps.telemetry.services import (
+    COMPACT_GRACE_S,
+    chunks_compact,
+    samples_group,
+    samples_store,
+)
 
 WIDTH = 600  # TELEMETRY_CHUNK_SECONDS
 
@@ -67,8 +72,8 @@ def power(t: int) -> float:
     return round(1000 + 160 * np.sin(t / 30)) / 4
 
 
-def compact() -> None:
-    chunks_compact(now=datetime.now(tz=UTC), lookback_windows=30)
+def compact(now: datetime | None = None) -> None:
+    chunks_compact(now=now or datetime.now(tz=UTC), lookback_windows=30)
 
 
 def stored_rows() -> list[tuple]:
@@ -128,9 +133,12 @@ def test_compaction_encodes_sealed_chunks_and_every_read_returns_the_same_points
 
 
 def test_a_batch_past_the_window_end_stays_an_unsealed_array_chunk(node):
-    end = (time.time() - 120) // WIDTH * WIDTH  # the last finished window ends here
+    # the last window finished at `now` ends here; one `now` for both, or a window boundary
+    # crossed in between would seal the next window too
+    now = datetime.now(tz=UTC)
+    end = (int(now.timestamp()) - COMPACT_GRACE_S) // WIDTH * WIDTH
     store(node, [(end - 5 + t, float(t)) for t in range(10)])
-    compact()
+    compact(now)
     assert stored_rows() == [(5, True, True, True, 0, 0), (5, False, False, False, 5, 5)]
     metric = metric_id_get(name="gpu.power")
     points = series_read(node_id=node.id, metric_id=metric, gpu=0, start=end - 5, end=end + 5)
