@@ -90,7 +90,8 @@ class BenchStack:
         self.url = f"http://127.0.0.1:{self.port}"
         ingest_port = free_port() if ingest_workers else None
         self.ingest_url = f"http://127.0.0.1:{ingest_port}" if ingest_port else self.url
-        self.env = {**env, "LIVE_WS_PORT": str(self.ws_port)}
+        # INGEST_NICE: the maintenance passes run their database work at it too (settings)
+        self.env = {**env, "LIVE_WS_PORT": str(self.ws_port), "INGEST_NICE": str(ingest_nice)}
         self.commands = server_commands(
             host="127.0.0.1",
             port=self.port,

@@ -114,7 +114,9 @@ def server_commands(
     `ingest_nice` > 0 runs the ingest worker (and the ingest pool, when it has one) at that
     niceness: when the cores are saturated, page reads, detection and the live feed get the
     CPU first, and the excess waits durably in the inbox and the agents' spools (chart p95
-    under ingest ÷ idle 4.5–7.4 → 2.2–3.1 in bench/ingest.py, docs/performance.md)."""
+    under ingest ÷ idle 4.5–7.4 → 2.2–3.1 in bench/ingest.py, docs/performance.md). Their
+    Postgres backends follow, and so does the maintenance passes' database work, when the
+    server is local (the INGEST_NICE setting, apps/core/db_nice.py)."""
     python = sys.executable
     # Below INFO, the start-up banners go too (they came after the printed login).
     quiet = [] if log_level.upper() in ("DEBUG", "INFO") else ["--quiet"]

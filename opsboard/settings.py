@@ -146,6 +146,12 @@ DATABASES["default"]["OPTIONS"].setdefault(
 if not envbool("DB_JIT", "false"):
     DATABASES["default"]["OPTIONS"].setdefault("options", "-c jit=off")
 DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME") or None}
+# The niceness `make run` starts the ingest pool and worker at (launcher/stack.py; 0: none).
+# A niced process renices its own Postgres backends alike, and the maintenance passes
+# (rollups, compaction, pruning) run their database work at it, when the server runs on this
+# host and allows it (apps/core/db_nice.py; DB_BACKEND_NICE=false: neither).
+INGEST_NICE = envint("INGEST_NICE", 10)
+DB_BACKEND_NICE = envbool("DB_BACKEND_NICE", "true")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env("REDIS_URL")

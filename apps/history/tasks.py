@@ -1,14 +1,17 @@
 from celery import shared_task
 from django.utils import timezone
 
+from apps.core.db_nice import background_db
 from apps.history.services import history_prune, rollups_refresh
 
 
 @shared_task(name="history.rollups_refresh", ignore_result=True)
 def refresh_rollups() -> int:
-    return rollups_refresh().claimed
+    with background_db():
+        return rollups_refresh().claimed
 
 
 @shared_task(name="history.prune", ignore_result=True)
 def prune_history() -> dict[str, int]:
-    return history_prune(now=timezone.now())
+    with background_db():
+        return history_prune(now=timezone.now())

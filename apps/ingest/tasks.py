@@ -2,6 +2,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from apps.core.db_nice import background_db
 from apps.ingest import services
 from apps.ingest.services import prune
 
@@ -30,4 +31,5 @@ def inbox_sweep() -> int:
 
 @shared_task(name="ingest.inbox_prune", ignore_result=True)
 def inbox_prune() -> int:
-    return prune.inbox_prune(now=timezone.now())
+    with background_db():
+        return prune.inbox_prune(now=timezone.now())

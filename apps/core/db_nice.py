@@ -1,0 +1,114 @@
+"""A niced process's database work runs niced too.
+
+The launcher runs the ingest pool and the ingest worker niced (INGEST_NICE), so that on
+saturated cores page reads, detection and the live feed get the CPU first. But a good part of
+ingest's CPU is spent in the Postgres backends that serve it, and those run at the server's
+niceness: under full ingest they took the chart query's share (docs/performance.md). So a
+niced process gives its niceness to each backend of its own, once, when the backend runs on
+this host and the OS lets it (the server's user, or root). With a remote database, a proxy
+in between (pgbouncer), or no permission, nothing changes.
+
+A backend's pid is the server's view. Before renicing, the process makes sure that the pid
+names this connection's backend in its own pid namespace (a server in a container reached
+through a forwarded port has pids of another namespace): over TCP, the process title shows
+this socket's address and port; over a Unix socket, the backend is a child of the server
+process that the kernel names as the socket's peer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection as default_connection
+
+logger = logging.getLogger(__name__)
+
+_MAX_REMEMBERED = 1000
+_tried: set[int] = set()  # backend pids this process has already handled
+
+
+def backend_nice_follow(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """connection_created receiver: renice this connection's backend to this process's
+    niceness (pooled connections come back many times; each backend is handled once)."""
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)
+    if niceness <= 0:
+        return
+    raw = connection.connection
+    pid = raw.info.backend_pid
+    if pid in _tried:
+        return
+    if len(_tried) >= _MAX_REMEMBERED:
+        _tried.clear()
+    _tried.add(pid)
+    backend_renice(raw, niceness)
+
+
+@contextmanager
+def background_db() -> Iterator[None]:
+    """Run the block's database work at INGEST_NICE: the maintenance passes (rollups,
+    compaction, pruning) that a worker which is not niced itself runs beside detection. They
+    are bulk work derived from ingest, and on saturated cores their bursts took the CPU from
+    page reads. A backend reniced for the block is dropped after it (renicing back needs
+    root), so the next task of the process gets one at the server's niceness. Inside a
+    transaction (a test calling the task) nothing changes."""
+    niceness = settings.INGEST_NICE
+    if niceness <= 0 or not settings.DB_BACKEND_NICE or default_connection.in_atomic_block:
+        yield
+        return
+    default_connection.ensure_connection()
+    raw = default_connection.connection
+    reniced = backend_renice(raw, niceness)
+    try:
+        yield
+    finally:
+        if reniced:
+            raw.close()  # the pool discards a closed connection when it is handed back
+            default_connection.close()
+
+
+def backend_renice(raw: Any, niceness: int) -> bool:
+    """Renice the backend of the psycopg connection `raw` to `niceness` when it runs on this
+    host, is lower and the OS allows it; True when it was reniced."""
+    pid = raw.info.backend_pid
+    try:
+        if not backend_is_ours(fileno=raw.fileno(), backend_pid=pid):
+            return False
+        if os.getpriority(os.PRIO_PROCESS, pid) >= niceness:
+            return False
+        os.setpriority(os.PRIO_PROCESS, pid, niceness)
+    except OSError as error:  # not permitted, gone, no /proc: the backend keeps its niceness
+        logger.debug("backend %s not reniced: %s", pid, error)
+        return False
+    return True
+
+
+def backend_is_ours(*, fileno: int, backend_pid: int) -> bool:
+    """True when `backend_pid` (the server's answer for this connection) names, in this
+    process's pid namespace, the backend at the other end of the socket `fileno`. Over a Unix
+    socket the check is that it is a child of that server: the pid is then in this namespace,
+    and the server gave it for this connection."""
+    with socket.socket(fileno=os.dup(fileno)) as sock:
+        if sock.family == socket.AF_UNIX:
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            server_pid = struct.unpack("3i", creds)[0]  # the listening postmaster's
+            return server_pid > 0 and _parent_pid(backend_pid) == server_pid
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        host, port = sock.getsockname()[:2]
+    title = Path(f"/proc/{backend_pid}/cmdline").read_bytes()
+    return title.startswith(b"postgres") and f" {host}({port}) ".encode() in title
+
+
+def _parent_pid(pid: int) -> int | None:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    return None
