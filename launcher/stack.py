@@ -115,7 +115,7 @@ def server_commands(
     niceness: when the cores are saturated, page reads, detection and the live feed get the
     CPU first, and the excess waits durably in the inbox and the agents' spools (chart p95
     under ingest ÷ idle 4.5–7.4 → 2.2–3.1 in bench/ingest.py, docs/performance.md). Their
-    Postgres backends follow, and so does the maintenance passes' database work, when the
+    Postgres backends follow, and so does the database work of the maintenance passes, when the
     server is local (the INGEST_NICE setting, apps/core/db_nice.py)."""
     python = sys.executable
     # Below INFO, the start-up banners go too (they came after the printed login).
