@@ -1,0 +1,139 @@
+"""Opsboard's own settings, by domain: alerts, commands, history, ingest, the live feed. Every
+value comes from the environment (opsboard.env); opsboard.settings imports them all, and adds
+`beat_schedule` (their periodic tasks) to Celery beat's schedule.
+"""
+
+from opsboard.env import env, envfloat, envint
+
+beat_schedule: dict[str, dict] = {}
+
+# --- Alerts ------------------------------------------------------------------------------
+# Detectors run over every active cluster this often (a Celery beat task, never on a request).
+ALERT_EVALUATE_INTERVAL = envfloat("ALERT_EVALUATE_INTERVAL", 5.0)
+beat_schedule["alerts-evaluate"] = {
+    "task": "alerts.evaluate_all",
+    "schedule": ALERT_EVALUATE_INTERVAL,
+    # A late evaluation is worthless once the next one is due: do not let them pile up. An
+    # expired pass is logged and counted (opsboard.celery); the next pass reads the whole
+    # window as of its own time, so it covers the gap.
+    "options": {"expires": ALERT_EVALUATE_INTERVAL},
+}
+# An open alert resolves once its condition has been clear this long (heartbeat: at once).
+ALERT_HOLD_DOWN_S = envfloat("ALERT_HOLD_DOWN_S", 60.0)
+# The detectors' window: the last N steps of every rank, recent telemetry and events.
+ALERT_STEP_WINDOW = envint("ALERT_STEP_WINDOW", 120)
+ALERT_TELEMETRY_WINDOW_S = envfloat("ALERT_TELEMETRY_WINDOW_S", 600.0)
+ALERT_EVENT_WINDOW_S = envfloat("ALERT_EVENT_WINDOW_S", 900.0)
+# Clusters (and runs) with no data for this long are not evaluated (their open alerts are).
+ALERT_IDLE_S = envfloat("ALERT_IDLE_S", 3600.0)
+# Outgoing webhooks: attempts in all, first retry after up to BACKOFF seconds, then doubling.
+ALERT_WEBHOOK_ATTEMPTS = envint("ALERT_WEBHOOK_ATTEMPTS", 5)
+ALERT_WEBHOOK_BACKOFF_S = envint("ALERT_WEBHOOK_BACKOFF_S", 2)
+ALERT_WEBHOOK_TIMEOUT_S = envfloat("ALERT_WEBHOOK_TIMEOUT_S", 5.0)
+
+# --- Commands (docs/actions.md) ---------------------------------------------------------------
+# A command nobody carried out this long after it was issued ends `expired`.
+COMMANDS_EXPIRE_AFTER_S = envfloat("COMMANDS_EXPIRE_AFTER_S", 600.0)
+# A delivered command not acknowledged this long goes out again (the agent restarted).
+COMMANDS_REDELIVER_AFTER_S = envfloat("COMMANDS_REDELIVER_AFTER_S", 30.0)
+# Held long-polls wake on a Redis message (apps/commands/wakeups.py); the database is looked
+# at again this often as a safety net (a lost message, a delivery due again, a new node).
+COMMANDS_RECHECK_S = envfloat("COMMANDS_RECHECK_S", 5.0)
+# How often a long-poll served by WSGI looks at the database while Redis is unreachable.
+COMMANDS_POLL_INTERVAL_S = envfloat("COMMANDS_POLL_INTERVAL_S", 0.2)
+COMMANDS_SWEEP_INTERVAL = envfloat("COMMANDS_SWEEP_INTERVAL", 2.0)
+beat_schedule["commands-sweep"] = {
+    "task": "commands.sweep",
+    "schedule": COMMANDS_SWEEP_INTERVAL,
+    "options": {"expires": COMMANDS_SWEEP_INTERVAL},
+}
+
+# --- History: rollups and retention --------------------------------------------------------
+# Days each resolution is kept; 0 or empty keeps it forever. Raw = sample chunks and step
+# reports; late data older than the raw retention never reaches the rollups (docs/history.md).
+HISTORY_RAW_RETENTION_DAYS = float(env("HISTORY_RAW_RETENTION_DAYS", "7") or 0)
+HISTORY_10S_RETENTION_DAYS = float(env("HISTORY_10S_RETENTION_DAYS", "2") or 0)
+HISTORY_1M_RETENTION_DAYS = float(env("HISTORY_1M_RETENTION_DAYS", "90") or 0)
+HISTORY_10M_RETENTION_DAYS = float(env("HISTORY_10M_RETENTION_DAYS", "400") or 0)
+HISTORY_1H_RETENTION_DAYS = float(env("HISTORY_1H_RETENTION_DAYS", "0") or 0)
+# How often dirty buckets are rolled up: charts read raw data for the newest part of a range,
+# so this bounds how stale a replayed (late) bucket can look, not how current charts are.
+HISTORY_ROLLUP_INTERVAL = envfloat("HISTORY_ROLLUP_INTERVAL", 10.0)
+# Dirty ranges a rollup round claims. A round recomputes each touched minute once, however
+# many batches marked it, and each touched hour from its minutes: with 20 k-row rounds a pass
+# under full ingest took ~7 rounds and recomputed the same open minutes and hours in each
+# (3.5 µs of Postgres CPU per sample; one round: 1.0). Bounds a round's memory and time.
+HISTORY_ROLLUP_CLAIM_ROWS = envint("HISTORY_ROLLUP_CLAIM_ROWS", 200_000)
+HISTORY_PRUNE_INTERVAL = envfloat("HISTORY_PRUNE_INTERVAL", 300.0)
+# Rows one pruning DELETE removes (one transaction each), and the most batches per table a run.
+HISTORY_PRUNE_BATCH = envint("HISTORY_PRUNE_BATCH", 20_000)
+HISTORY_PRUNE_MAX_BATCHES = envint("HISTORY_PRUNE_MAX_BATCHES", 50)
+beat_schedule["history-rollup"] = {
+    "task": "history.rollups_refresh",
+    "schedule": HISTORY_ROLLUP_INTERVAL,
+    "options": {"expires": HISTORY_ROLLUP_INTERVAL},
+}
+beat_schedule["history-prune"] = {
+    "task": "history.prune",
+    "schedule": HISTORY_PRUNE_INTERVAL,
+    "options": {"expires": HISTORY_PRUNE_INTERVAL},
+}
+# processed inbox rows, once their batch_id can no longer matter (apps/ingest/services/prune.py)
+beat_schedule["inbox-prune"] = {**beat_schedule["history-prune"], "task": "ingest.inbox_prune"}
+# Step reports move into per-rank columnar chunks (apps/runs/compaction.py) of this many
+# seconds once older than STEP_COMPACT_AFTER_S, except each run's last STEP_COMPACT_KEEP_STEPS
+# steps: readers of "the last N steps" (the detectors' window, goodput, a run's nodes and
+# ranks' places, commands' serving nodes) then always find them raw. It must exceed
+# ALERT_STEP_WINDOW and runs.selectors.PLACE_STEPS (checked by the compaction).
+STEP_CHUNK_SECONDS = envint("STEP_CHUNK_SECONDS", 600)
+STEP_COMPACT_AFTER_S = envfloat("STEP_COMPACT_AFTER_S", 600.0)
+STEP_COMPACT_KEEP_STEPS = envint("STEP_COMPACT_KEEP_STEPS", 200)
+STEP_COMPACT_INTERVAL = envfloat("STEP_COMPACT_INTERVAL", 60.0)
+beat_schedule["steps-compact"] = {
+    "task": "runs.steps_compact",
+    "schedule": STEP_COMPACT_INTERVAL,
+    "options": {"expires": STEP_COMPACT_INTERVAL},
+}
+
+# --- Ingest ------------------------------------------------------------------------------
+INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024)
+INGEST_MAX_RECORDS = envint("INGEST_MAX_RECORDS", 20_000)
+# An unprocessed inbox row older than this is re-enqueued by the sweep (lost task, Redis down).
+INGEST_SWEEP_AGE = envfloat("INGEST_SWEEP_AGE", 30.0)
+# How many inbox rows one worker transaction drains when a backlog builds up. A drain pays
+# a fixed cost (claim, node upserts, health merge, Redis, commit) that 40 rows share better
+# than 20: 2.8-3.1 -> 2.4 µs of worker CPU per sample (docs/performance.md).
+INGEST_DRAIN_ROWS = envint("INGEST_DRAIN_ROWS", 40)
+# Backpressure (apps/ingest/services/backpressure.py): a POST waits up to the seconds while
+# more rows than this wait in the inbox, about a quarter of a second of draining at ~200
+# batches/s (live lag p99 303-357 ms at 48 rows with 40-row drains, 281-293 at 24 with 20;
+# docs/performance.md); 0: off. Above one drain's worth, so that a drain's claim is full.
+INGEST_BACKLOG_ROWS = envint("INGEST_BACKLOG_ROWS", 48)
+INGEST_BACKLOG_WAIT_S = envfloat("INGEST_BACKLOG_WAIT_S", 2.0)
+# One drain task is pending per queue at a time (a Redis flag, leased for this many seconds).
+# The lease is short: a task that no worker will run (lost with a killed worker, or taken
+# by another deployment on the same queue) blocks new wake-ups for at most this long; a
+# spare task when a queued one outlives it costs one empty claim. A task drains until the
+# inbox is empty, at most this many transactions and seconds, then hands on.
+INGEST_DRAIN_PENDING_TTL = envfloat("INGEST_DRAIN_PENDING_TTL", 1.0)
+INGEST_DRAIN_TASK_ROUNDS = envint("INGEST_DRAIN_TASK_ROUNDS", 10)
+INGEST_DRAIN_TASK_SECONDS = envfloat("INGEST_DRAIN_TASK_SECONDS", 1.0)
+# Django's own cap must not cut a body before the ingest middleware judges it.
+DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES + 1024
+INGEST_RETRY_AFTER = envint("INGEST_RETRY_AFTER", 5)
+# Per-token rate limit on POST /api/v1/ingest (a token bucket in Redis, shared by every web
+# worker): batches per second, and how many may come at once. A token is one cluster, whose
+# agents send about one batch per node per few seconds: the default is far above that and only
+# stops a runaway agent. 0 turns the limit off.
+INGEST_RATE_PER_TOKEN = envfloat("INGEST_RATE_PER_TOKEN", 2000.0)
+INGEST_RATE_BURST = envint("INGEST_RATE_BURST", 4000)
+# Samples are merged into one chunk per series per this many seconds once the window is over.
+TELEMETRY_CHUNK_SECONDS = envint("TELEMETRY_CHUNK_SECONDS", 600)
+# The pages open their websocket on this port of the page's host (the ASGI server's, when it
+# runs beside a WSGI server); empty: the page's own host and port (behind a proxy).
+LIVE_WS_PORT = env("LIVE_WS_PORT")
+LIVE_PUBLISH_INTERVAL = envfloat("LIVE_PUBLISH_INTERVAL", 0.1)
+# A node is sent at most once per this many seconds; its later changes wait and coalesce.
+LIVE_NODE_INTERVAL = envfloat("LIVE_NODE_INTERVAL", 1.0)
+# An open websocket re-checks its login (logout, expiry, deactivation) this often at most.
+LIVE_SESSION_CHECK_S = envfloat("LIVE_SESSION_CHECK_S", 3.0)
