@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from apps.core.db_nice import background_db, backend_is_ours
+from apps.core.db_nice import backend_is_ours, background_db
 
 ROOT = Path(__file__).resolve().parent.parent
 
