@@ -7,17 +7,19 @@ from opsboard.env import env, envfloat, envint
 
 beat_schedule: dict[str, dict] = {}
 
+
+def periodic(task: str, every: float) -> dict:
+    """Beat's entry for `task` every `every` seconds. A late run is worthless once the next one
+    is due, so it expires then rather than pile up behind a busy worker: an expired run is
+    logged and counted (opsboard.celery), and the next run covers the gap (an evaluation
+    reads the whole window as of its own time, a rollup or prune pass all that is due)."""
+    return {"task": task, "schedule": every, "options": {"expires": every}}
+
+
 # --- Alerts ------------------------------------------------------------------------------
 # Detectors run over every active cluster this often (a Celery beat task, never on a request).
 ALERT_EVALUATE_INTERVAL = envfloat("ALERT_EVALUATE_INTERVAL", 5.0)
-beat_schedule["alerts-evaluate"] = {
-    "task": "alerts.evaluate_all",
-    "schedule": ALERT_EVALUATE_INTERVAL,
-    # A late evaluation is worthless once the next one is due: do not let them pile up. An
-    # expired pass is logged and counted (opsboard.celery); the next pass reads the whole
-    # window as of its own time, so it covers the gap.
-    "options": {"expires": ALERT_EVALUATE_INTERVAL},
-}
+beat_schedule["alerts-evaluate"] = periodic("alerts.evaluate_all", ALERT_EVALUATE_INTERVAL)
 # An open alert resolves once its condition has been clear this long (heartbeat: at once).
 ALERT_HOLD_DOWN_S = envfloat("ALERT_HOLD_DOWN_S", 60.0)
 # The detectors' window: the last N steps of every rank, recent telemetry and events.
@@ -42,11 +44,7 @@ COMMANDS_RECHECK_S = envfloat("COMMANDS_RECHECK_S", 5.0)
 # How often a long-poll served by WSGI looks at the database while Redis is unreachable.
 COMMANDS_POLL_INTERVAL_S = envfloat("COMMANDS_POLL_INTERVAL_S", 0.2)
 COMMANDS_SWEEP_INTERVAL = envfloat("COMMANDS_SWEEP_INTERVAL", 2.0)
-beat_schedule["commands-sweep"] = {
-    "task": "commands.sweep",
-    "schedule": COMMANDS_SWEEP_INTERVAL,
-    "options": {"expires": COMMANDS_SWEEP_INTERVAL},
-}
+beat_schedule["commands-sweep"] = periodic("commands.sweep", COMMANDS_SWEEP_INTERVAL)
 
 # --- History: rollups and retention --------------------------------------------------------
 # Days each resolution is kept; 0 or empty keeps it forever. Raw = sample chunks and step
@@ -68,18 +66,10 @@ HISTORY_PRUNE_INTERVAL = envfloat("HISTORY_PRUNE_INTERVAL", 300.0)
 # Rows one pruning DELETE removes (one transaction each), and the most batches per table a run.
 HISTORY_PRUNE_BATCH = envint("HISTORY_PRUNE_BATCH", 20_000)
 HISTORY_PRUNE_MAX_BATCHES = envint("HISTORY_PRUNE_MAX_BATCHES", 50)
-beat_schedule["history-rollup"] = {
-    "task": "history.rollups_refresh",
-    "schedule": HISTORY_ROLLUP_INTERVAL,
-    "options": {"expires": HISTORY_ROLLUP_INTERVAL},
-}
-beat_schedule["history-prune"] = {
-    "task": "history.prune",
-    "schedule": HISTORY_PRUNE_INTERVAL,
-    "options": {"expires": HISTORY_PRUNE_INTERVAL},
-}
+beat_schedule["history-rollup"] = periodic("history.rollups_refresh", HISTORY_ROLLUP_INTERVAL)
+beat_schedule["history-prune"] = periodic("history.prune", HISTORY_PRUNE_INTERVAL)
 # processed inbox rows, once their batch_id can no longer matter (apps/ingest/services/prune.py)
-beat_schedule["inbox-prune"] = {**beat_schedule["history-prune"], "task": "ingest.inbox_prune"}
+beat_schedule["inbox-prune"] = periodic("ingest.inbox_prune", HISTORY_PRUNE_INTERVAL)
 # Step reports move into per-rank columnar chunks (apps/runs/compaction.py) of this many
 # seconds once older than STEP_COMPACT_AFTER_S, except each run's last STEP_COMPACT_KEEP_STEPS
 # steps: readers of "the last N steps" (the detectors' window, goodput, a run's nodes and
@@ -89,11 +79,7 @@ STEP_CHUNK_SECONDS = envint("STEP_CHUNK_SECONDS", 600)
 STEP_COMPACT_AFTER_S = envfloat("STEP_COMPACT_AFTER_S", 600.0)
 STEP_COMPACT_KEEP_STEPS = envint("STEP_COMPACT_KEEP_STEPS", 200)
 STEP_COMPACT_INTERVAL = envfloat("STEP_COMPACT_INTERVAL", 60.0)
-beat_schedule["steps-compact"] = {
-    "task": "runs.steps_compact",
-    "schedule": STEP_COMPACT_INTERVAL,
-    "options": {"expires": STEP_COMPACT_INTERVAL},
-}
+beat_schedule["steps-compact"] = periodic("runs.steps_compact", STEP_COMPACT_INTERVAL)
 
 # --- Ingest ------------------------------------------------------------------------------
 INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024)
