@@ -79,10 +79,12 @@ class BenchStack:
         http: str = "gunicorn",
         ingest_workers: int = 0,
         ingest_nice: int = 0,
+        ingest_sched_idle: bool = False,
     ) -> None:
         """`ingest_workers` > 0: agents' POSTs go to a gunicorn pool of their own at
         `ingest_url`, as the production proxy routes them (docker/nginx.conf).
-        `ingest_nice`: the niceness of the ingest pool and worker (launcher.stack)."""
+        `ingest_nice`: the niceness of the ingest pool and worker, `ingest_sched_idle`: whether
+        they run under SCHED_IDLE too (launcher.stack)."""
         from launcher.procs import free_port
         from launcher.stack import server_commands
 
@@ -105,6 +107,7 @@ class BenchStack:
             ingest_port=ingest_port,
             ingest_workers=ingest_workers,
             ingest_nice=ingest_nice,
+            ingest_sched_idle=ingest_sched_idle,
         )
         if http == "uvicorn":
             self.ws_port = self.port

@@ -49,6 +49,13 @@ from bench.load import (  # noqa: E402
 )
 
 
+def ingest_sched(args: argparse.Namespace) -> str:
+    """The scheduling class the ingest processes ran under (idle needs Linux and chrt)."""
+    from launcher.stack import sched_idle_available
+
+    return "idle" if args.ingest_sched == "idle" and sched_idle_available() else "normal"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=int(os.environ.get("BENCH_BATCHES", 3000)))
@@ -76,6 +83,12 @@ def main() -> int:
         default=10,
         help="niceness of the ingest pool and worker, as deployed (INGEST_NICE); 0: none",
     )
+    parser.add_argument(
+        "--ingest-sched",
+        choices=["idle", "normal"],
+        default="idle",
+        help="scheduling class of the ingest pool and worker, as deployed (INGEST_SCHED_IDLE)",
+    )
     args = parser.parse_args()
 
     env, conninfo = prepare_database()
@@ -86,6 +99,7 @@ def main() -> int:
         http=args.http,
         ingest_workers=args.ingest_workers,
         ingest_nice=args.ingest_nice,
+        ingest_sched_idle=args.ingest_sched == "idle",
     )
     stack.start()
     try:
@@ -168,7 +182,8 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     print(
         f"HTTP on {args.http}, senders {args.senders}, web workers {args.web_workers}"
         f" + ingest pool {args.ingest_workers or 'none (one pool)'}, "
-        f"celery concurrency {args.worker_concurrency}, ingest nice {args.ingest_nice}, "
+        f"celery concurrency {args.worker_concurrency}, ingest nice {args.ingest_nice}"
+        f" and sched {ingest_sched(args)}, "
         f"{total_batches} batches x 1,000 samples, "
         f"offered {'max' if not args.rate else f'{args.rate:,.0f} samples/s'}, "
         f"{senders.failed} failed posts"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,6 +95,7 @@ def server_commands(
     ingest_port: int | None = None,
     ingest_workers: int = 3,
     ingest_nice: int = 0,
+    ingest_sched_idle: bool = False,
 ) -> dict[str, list[str]]:
     """The stack's long-running processes.
 
@@ -116,7 +118,15 @@ def server_commands(
     CPU first, and the excess waits durably in the inbox and the agents' spools (chart p95
     under ingest ÷ idle 4.5–7.4 → 2.2–3.1 in bench/ingest.py, docs/performance.md). Their
     Postgres backends follow, and so does the database work of the maintenance passes, when the
-    server is local (the INGEST_NICE setting, apps/core/db_nice.py)."""
+    server is local (the INGEST_NICE setting, apps/core/db_nice.py).
+
+    `ingest_sched_idle` (Linux, with util-linux's `chrt`) runs them under SCHED_IDLE too. A
+    niced task still keeps the CPU for the rest of its time slice when a page read wakes up
+    (about 1.5 ms on two cores), and a chart request wakes up a dozen times (Django, then
+    Postgres, per query): an idle-class task gives way at once. Chart p95 under ingest ÷
+    idle 2.0–3.0 → 1.3–1.7, with ingest faster too (docs/performance.md, "The sixth
+    round"). The cost: on a host whose other work keeps every core busy, ingest waits for
+    a free core (the backlog then waits durably in the inbox and the agents' spools)."""
     python = sys.executable
     # Below INFO, the start-up banners go too (they came after the printed login).
     quiet = [] if log_level.upper() in ("DEBUG", "INFO") else ["--quiet"]
@@ -187,6 +197,10 @@ def server_commands(
         for role in ("ingest", "worker"):
             if role in commands:
                 commands[role] = ["nice", "-n", str(ingest_nice), *commands[role]]
+    if ingest_sched_idle and sched_idle_available():
+        for role in ("ingest", "worker"):
+            if role in commands:
+                commands[role] = ["chrt", "--idle", "0", *commands[role]]
     if not beat_in_worker:
         commands["beat"] = [
             python,
@@ -203,7 +217,14 @@ def server_commands(
     return commands
 
 
+def sched_idle_available() -> bool:
+    """True where the ingest processes can run under SCHED_IDLE (Linux, `chrt` installed)."""
+    return hasattr(os, "SCHED_IDLE") and shutil.which("chrt") is not None
+
+
 def processes(environment: dict[str, str], args: argparse.Namespace) -> dict[str, list[str]]:
+    from opsboard.env import truthy
+
     var = Path(environment.get("OPSBOARD_VAR_DIR", ROOT / "var")).resolve()
     commands = server_commands(
         host=args.host,
@@ -216,6 +237,7 @@ def processes(environment: dict[str, str], args: argparse.Namespace) -> dict[str
         beat_schedule=var / "celerybeat-schedule",
         log_level=environment["LOG_LEVEL"],
         ingest_nice=int(environment.get("INGEST_NICE", 10)),
+        ingest_sched_idle=truthy(environment.get("INGEST_SCHED_IDLE", "true")),
     )
     if args.command == "demo":
         commands["simulator"] = simulator_command(

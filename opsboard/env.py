@@ -12,8 +12,12 @@ def env(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
 
 
+def truthy(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes", "on")
+
+
 def envbool(name: str, default: str) -> bool:
-    return env(name, default).lower() in ("1", "true", "yes", "on")
+    return truthy(env(name, default))
 
 
 def envint(name: str, default: int) -> int:

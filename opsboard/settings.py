@@ -126,8 +126,10 @@ DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME") or None}
 # The niceness `make run` starts the ingest pool and worker at (launcher/stack.py; 0: none).
 # A niced process renices its own Postgres backends alike, and the maintenance passes
 # (rollups, compaction, pruning) run their database work at it, when the server runs on this
-# host and allows it (apps/core/db_nice.py; DB_BACKEND_NICE=false: neither).
+# host and allows it (apps/core/db_nice.py; DB_BACKEND_NICE=false: neither). With
+# INGEST_SCHED_IDLE (Linux) all of them run in the idle scheduling class too.
 INGEST_NICE = envint("INGEST_NICE", 10)
+INGEST_SCHED_IDLE = envbool("INGEST_SCHED_IDLE", "true")
 DB_BACKEND_NICE = envbool("DB_BACKEND_NICE", "true")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

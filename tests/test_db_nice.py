@@ -1,12 +1,16 @@
 """A niced process's Postgres backends run at its niceness (apps/core/db_nice.py), over TCP
-and over a Unix socket; an un-niced process leaves them alone; the identity check refuses a
-pid that is no backend of the server at the other end of the socket (over TCP: no backend of
-this very connection). The maintenance passes run their database work niced, on a backend
-dropped after them, and change nothing inside a transaction."""
+and over a Unix socket, and an idle-class process's in the idle class; an un-niced process
+leaves them alone; the launcher puts the ingest worker, and nothing else, in the idle class.
+The identity check refuses a pid that is no backend of the server at the other end of the
+socket (over TCP: no backend of this very connection). The maintenance passes run their
+database work niced, on a backend dropped after them, and change nothing inside a
+transaction."""
 
+import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
@@ -15,6 +19,7 @@ import pytest
 from django.db import connection
 
 from apps.core.db_nice import backend_is_ours, background_db
+from launcher.stack import processes, sched_idle_available
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +30,7 @@ django.setup()
 from django.db import connection
 connection.ensure_connection()
 pid = connection.connection.info.backend_pid
-print(pid, os.getpriority(os.PRIO_PROCESS, pid))
+print(pid, os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid))
 """
 
 
@@ -44,24 +49,60 @@ def database_urls() -> dict[str, str]:
     }
 
 
-def child_backend(url: str, niceness: int) -> tuple[int, int]:
+def child_backend(url: str, niceness: int, prefix: Sequence[str] = ()) -> tuple[int, int, int]:
+    """(pid, niceness, scheduling policy) of the backend of a child started with `prefix`
+    (the launcher's wrapping) at `niceness`."""
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "opsboard.settings"}
     command = [sys.executable, "-c", CHILD]
     if niceness:
         command = ["nice", "-n", str(niceness), *command]
     result = subprocess.run(
-        command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+        [*prefix, *command],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
-    pid, backend_niceness = result.stdout.split()
-    return int(pid), int(backend_niceness)
+    pid, backend_niceness, policy = map(int, result.stdout.split())
+    return pid, backend_niceness, policy
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("via", ["tcp", "unix"])
 def test_a_niced_process_renices_its_own_backend(via):
     url = database_urls()[via]
-    assert child_backend(url, niceness=7)[1] == 7
-    assert child_backend(url, niceness=0)[1] == 0
+    assert child_backend(url, niceness=7)[1:] == (7, os.SCHED_OTHER)
+    assert child_backend(url, niceness=0)[1:] == (0, os.SCHED_OTHER)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("via", ["tcp", "unix"])
+def test_an_idle_class_process_moves_its_own_backend_to_the_idle_class(via):
+    url = database_urls()[via]
+    assert sched_idle_available(), "Linux with util-linux's chrt: the ingest processes need it"
+    idle = ["chrt", "--idle", "0"]
+    assert child_backend(url, niceness=10, prefix=idle)[1:] == (10, os.SCHED_IDLE)
+    # with no niceness at all, the class alone is followed
+    assert child_backend(url, niceness=0, prefix=idle)[1:] == (0, os.SCHED_IDLE)
+
+
+def test_the_launcher_runs_ingest_and_only_ingest_in_the_idle_class():
+    args = argparse.Namespace(
+        command="run", host="127.0.0.1", port=1, ws_port=2, web_workers=1, worker_concurrency=1
+    )
+    environment = {"LOG_LEVEL": "WARNING", "OPSBOARD_VAR_DIR": "/nonexistent"}
+    commands = processes(environment, args)
+    assert commands["worker"][:6] == ["chrt", "--idle", "0", "nice", "-n", "10"]
+    for role in ("web", "ws", "periodic", "publisher"):
+        assert commands[role][0] == sys.executable, role  # pages, detection, live: normal
+    off = processes({**environment, "INGEST_SCHED_IDLE": "false"}, args)
+    assert off["worker"][:3] == ["nice", "-n", "10"]
+    # the wrapped command runs, and in the idle class
+    probe = [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"]
+    done = subprocess.run([*commands["worker"][:3], *probe], capture_output=True, text=True)
+    assert int(done.stdout) == os.SCHED_IDLE
 
 
 @pytest.mark.django_db
@@ -82,28 +123,31 @@ def test_a_pid_is_taken_only_for_a_backend_at_the_other_end_of_the_socket(via):
         assert backend_is_ours(fileno=one.fileno(), backend_pid=theirs) == (via == "unix")
 
 
-def backend_niceness() -> tuple[int, int]:
+def backend_priority() -> tuple[int, int, int]:
+    """(pid, niceness, scheduling policy) of this test's own backend."""
     connection.ensure_connection()
     pid = connection.connection.info.backend_pid
-    return pid, os.getpriority(os.PRIO_PROCESS, pid)
+    return pid, os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid)
 
 
-def test_maintenance_runs_its_database_work_niced_then_drops_the_backend(
-    transactional_db, settings
+@pytest.mark.parametrize("idle", [False, True], ids=["niced", "niced-and-idle"])
+def test_maintenance_runs_its_database_work_at_ingest_priority_then_drops_the_backend(
+    transactional_db, settings, idle
 ):
-    settings.INGEST_NICE = 6
-    before, niceness = backend_niceness()
-    assert niceness == 0
+    settings.INGEST_NICE, settings.INGEST_SCHED_IDLE = 6, idle
+    before, niceness, policy = backend_priority()
+    assert (niceness, policy) == (0, os.SCHED_OTHER)
     with background_db():
-        assert backend_niceness() == (before, 6)
-    after, niceness = backend_niceness()
-    assert after != before and niceness == 0  # detection, next, gets a backend at 0
+        assert backend_priority() == (before, 6, os.SCHED_IDLE if idle else os.SCHED_OTHER)
+    after, niceness, policy = backend_priority()
+    # detection, next, gets a backend at the server's priority
+    assert after != before and (niceness, policy) == (0, os.SCHED_OTHER)
 
 
 @pytest.mark.django_db
 def test_maintenance_called_inside_a_transaction_changes_nothing(settings):
-    settings.INGEST_NICE = 6
-    before = backend_niceness()
+    settings.INGEST_NICE, settings.INGEST_SCHED_IDLE = 6, True
+    before = backend_priority()
     with background_db():
-        assert backend_niceness() == before
-    assert backend_niceness() == before
+        assert backend_priority() == before
+    assert backend_priority() == before

@@ -5,8 +5,9 @@ saturated cores page reads, detection and the live feed get the CPU first. But a
 ingest's CPU is spent in the Postgres backends that serve it, and those run at the server's
 niceness: under full ingest they took the chart query's share (docs/performance.md). So a
 niced process gives its niceness to each backend of its own, once, when the backend runs on
-this host and the OS lets it (the server's user, or root). With a remote database, a proxy
-in between (pgbouncer), or no permission, nothing changes.
+this host and the OS lets it (the server's user, or root); a process under SCHED_IDLE (the
+launcher's INGEST_SCHED_IDLE) moves its backends to SCHED_IDLE too. With a remote database,
+a proxy in between (pgbouncer), or no permission, nothing changes.
 
 A backend's pid is the server's view. Before renicing, the process makes sure that the pid
 names this connection's backend in its own pid namespace (a server in a container reached
@@ -39,7 +40,8 @@ def backend_nice_follow(sender: Any, connection: Any, **kwargs: Any) -> None:
     """connection_created receiver: renice this connection's backend to this process's
     niceness (pooled connections come back many times; each backend is handled once)."""
     niceness = os.getpriority(os.PRIO_PROCESS, 0)
-    if niceness <= 0:
+    idle = sched_idle_self()
+    if niceness <= 0 and not idle:
         return
     raw = connection.connection
     pid = raw.info.backend_pid
@@ -48,24 +50,32 @@ def backend_nice_follow(sender: Any, connection: Any, **kwargs: Any) -> None:
     if len(_tried) >= _MAX_REMEMBERED:
         _tried.clear()
     _tried.add(pid)
-    backend_renice(raw, niceness)
+    backend_renice(raw, niceness, idle=idle)
+
+
+def sched_idle_self() -> bool:
+    """True when this thread runs under SCHED_IDLE (the launcher's INGEST_SCHED_IDLE)."""
+    return hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE
 
 
 @contextmanager
 def background_db() -> Iterator[None]:
-    """Run the block's database work at INGEST_NICE: the maintenance passes (rollups,
-    compaction, pruning) that a worker which is not niced itself runs beside detection. They
-    are bulk work derived from ingest, and on saturated cores their bursts took the CPU from
-    page reads. A backend reniced for the block is dropped after it (renicing back needs
-    root), so the next task of the process gets one at the server's niceness. Inside a
-    transaction (a test calling the task) nothing changes."""
+    """Run the block's database work at ingest's priority (INGEST_NICE, and the idle class
+    with INGEST_SCHED_IDLE): the maintenance passes (rollups, compaction, pruning) that a
+    worker which is not niced itself runs beside detection. They are bulk work derived from
+    ingest, and on saturated cores their bursts took the CPU from page reads. A backend
+    deprioritised for the block is dropped after it (raising a priority needs root), so the
+    next task of the process gets one at the server's. Inside a transaction (a test calling
+    the task) nothing changes."""
     niceness = settings.INGEST_NICE
-    if niceness <= 0 or not settings.DB_BACKEND_NICE or default_connection.in_atomic_block:
+    idle = settings.INGEST_SCHED_IDLE and hasattr(os, "SCHED_IDLE")
+    lowered = niceness > 0 or idle
+    if not lowered or not settings.DB_BACKEND_NICE or default_connection.in_atomic_block:
         yield
         return
     default_connection.ensure_connection()
     raw = default_connection.connection
-    reniced = backend_renice(raw, niceness)
+    reniced = backend_renice(raw, niceness, idle=idle)
     try:
         yield
     finally:
@@ -74,20 +84,24 @@ def background_db() -> Iterator[None]:
             default_connection.close()
 
 
-def backend_renice(raw: Any, niceness: int) -> bool:
-    """Renice the backend of the psycopg connection `raw` to `niceness` when it runs on this
-    host, is lower and the OS allows it; True when it was reniced."""
+def backend_renice(raw: Any, niceness: int, *, idle: bool = False) -> bool:
+    """Renice the backend of the psycopg connection `raw` to `niceness` where it is lower,
+    and with `idle` move it to SCHED_IDLE, when it runs on this host and the OS allows it;
+    True when anything changed."""
     pid = raw.info.backend_pid
+    changed = False
     try:
         if not backend_is_ours(fileno=raw.fileno(), backend_pid=pid):
             return False
-        if os.getpriority(os.PRIO_PROCESS, pid) >= niceness:
-            return False
-        os.setpriority(os.PRIO_PROCESS, pid, niceness)
-    except OSError as error:  # not permitted, gone, no /proc: the backend keeps its niceness
-        logger.debug("backend %s not reniced: %s", pid, error)
-        return False
-    return True
+        if os.getpriority(os.PRIO_PROCESS, pid) < niceness:
+            os.setpriority(os.PRIO_PROCESS, pid, niceness)
+            changed = True
+        if idle and os.sched_getscheduler(pid) != os.SCHED_IDLE:
+            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+            changed = True
+    except OSError as error:  # not permitted, gone, no /proc: the backend keeps its priority
+        logger.debug("backend %s not deprioritised: %s", pid, error)
+    return changed
 
 
 def backend_is_ours(*, fileno: int, backend_pid: int) -> bool:
