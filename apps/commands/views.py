@@ -22,6 +22,7 @@ from apps.commands.choices import NODE_KINDS, RUN_KINDS
 from apps.commands.forms import CommandForm
 from apps.commands.models import Command
 from apps.commands.pages import commands_rows
+from apps.commands.rows import run_header
 from apps.runs.models import Run
 
 LABELS = {
@@ -145,9 +146,11 @@ def _form_page(
 @login_required
 @require_GET
 def run_commands_json(request: HttpRequest, cluster: str, run: str) -> JsonResponse:
-    """The run page's list as rows (static/js/commands.js reloads it on each snapshot)."""
+    """The run page's list as rows, and the run's header (static/js/commands.js reloads it
+    on each snapshot, and when a command's row shows the run in another state)."""
     found = _run_or_404(request, cluster, run)
-    return JsonResponse({"commands": commands_rows(cluster=found.cluster, run=found)})
+    rows = commands_rows(cluster=found.cluster, run=found)
+    return JsonResponse({"commands": rows, "run": run_header(found)})
 
 
 @login_required

@@ -3,7 +3,9 @@
 // each snapshot (the socket (re)connected) reloads the list from data-source, so a change
 // missed while offline shows too. A state only moves forward (issued → delivered → accepted →
 // succeeded | failed | expired): an older copy of a row never overwrites a newer one.
-// On a node page the node's state (h1 #node-state) follows the live deltas.
+// On a node page the node's state (h1 #node-state) follows the live deltas. On a run page the
+// run's header (h1 #run-state, p#run-ended) follows a stop or resume: a command row that
+// shows the run in another state reloads the list, which carries the run's header.
 (function () {
   "use strict";
   const table = document.getElementById("commands-list");
@@ -55,8 +57,32 @@
     return row;
   }
 
-  function apply(command) {
+  const runState = scope === "run" ? document.getElementById("run-state") : null;
+  const runEnded = document.getElementById("run-ended");
+  // The header as the server draws it (templates/dashboard/run.html), from run-commands-json.
+  function runFollow(run) {
+    if (!runState) return;
+    runState.dataset.state = run.state;
+    runState.textContent = run.state;
+    if (!runEnded) return;
+    runEnded.hidden = run.ended_at === null;
+    runEnded.dataset.state = run.state;
+    runEnded.querySelector(".run-ended-state").textContent = run.state;
+    runEnded.querySelector(".run-end-message").textContent = run.end_message ? `: ${run.end_message}` : "";
+    const time = runEnded.querySelector("time");
+    time.textContent = run.ended_at_text;
+    if (run.ended_at !== null) {
+      const ms = run.ended_at * 1000;
+      time.dateTime = new Date(ms).toISOString();
+      if (window.opsboardZone) time.textContent = window.opsboardZone.format(ms).slice(0, 19);
+    }
+  }
+
+  // `follow`: a row that shows the run in another state than the header reloads the list
+  // (not for the rows of a reload itself, which brought the header along).
+  function apply(command, follow = true) {
     if (!mine(command)) return;
+    if (follow && runState && command.run_state && command.run_state !== runState.dataset.state) reload();
     let row = body.querySelector(`tr[data-command-id="${CSS.escape(command.id)}"]`);
     if (row && ORDER[command.state] < ORDER[row.dataset.state]) return;  // an older copy
     if (!row) row = newRow(command);
@@ -67,7 +93,10 @@
   function reload() {
     fetch(table.dataset.source, { headers: { Accept: "application/json" }, credentials: "same-origin" })
       .then((response) => (response.ok ? response.json() : { commands: [] }))
-      .then((data) => data.commands.slice().reverse().forEach(apply))
+      .then((data) => {
+        if (data.run) runFollow(data.run);
+        data.commands.slice().reverse().forEach((command) => apply(command, false));
+      })
       .catch(() => {});  // the live messages still come; the next snapshot tries again
   }
 

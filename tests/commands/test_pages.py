@@ -124,10 +124,14 @@ def test_checkpoint_now_issues_a_command_and_says_so(operator):
     assert f"Checkpoint now run-1: command {command.pk} is issued." in page
     row = re.search(rf'<tr data-command-id="{command.pk}"[^>]*data-state="issued"', page)
     assert row, "the new command is listed"
-    rows = operator.get(f"{RUN_PAGE}commands.json").json()["commands"]
-    assert [(r["id"], r["state"], r["issued_by"]) for r in rows] == [
-        (str(command.pk), "issued", "olga")
+    listed = operator.get(f"{RUN_PAGE}commands.json").json()
+    assert [(r["id"], r["state"], r["issued_by"], r["run_state"]) for r in listed["commands"]] == [
+        (str(command.pk), "issued", "olga", "running")
     ]
+    # the run's header, which the page redraws from it after a stop or resume
+    assert listed["run"] == {
+        "state": "running", "ended_at": None, "ended_at_text": "", "end_message": ""
+    }  # fmt: skip
 
 
 def test_the_same_form_sent_twice_makes_one_command(operator):

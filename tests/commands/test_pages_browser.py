@@ -1,5 +1,6 @@
 """The command buttons in Chromium on the live stack: a row appears when an operator clicks and
-follows the agent's acknowledgements live (also on a viewer's page, which has no buttons);
+follows the agent's acknowledgements live (also on a viewer's page, which has no buttons); the
+run's header follows a stop and a resume without a reload;
 drain asks for the node's name; the overview shows draining and cordoned nodes live."""
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import pytest
 
 from apps.clusters.models import Node
 from apps.commands.models import Command
+from apps.runs.models import Run
 from tests.browser import screenshot
-from tests.commands.conftest import client
+from tests.commands.conftest import client, issue
 from tests.dashboard.conftest import PASSWORD, BrowserPage, chromium  # noqa: F401
 
 pytestmark = pytest.mark.timeout(180)
@@ -73,6 +75,42 @@ def test_checkpoint_now_shows_a_row_that_follows_the_acks_live(chromium, live_st
         assert browser.page.locator("#commands-list tr[data-command-id]").count() == 1
         assert browser.errors == []
         browser.close()
+
+
+def test_the_run_header_follows_a_stop_and_a_resume_live(chromium, live_stack, world):  # noqa: F811
+    from django.contrib.auth import get_user_model
+
+    run_url = f"{live_stack.url}/clusters/{world.cluster.name}/runs/run-1/"
+    viewer = BrowserPage(
+        chromium, live_stack.url, person(get_user_model().objects.get(username="vik"))
+    )
+    page = viewer.page
+    page.goto(run_url)
+    page.wait_for_selector(LIVE, timeout=10_000)
+    assert page.inner_text("#run-state") == "running"
+    assert page.locator("#run-ended").is_hidden()
+    page.evaluate("window.__notReloaded = true")
+
+    def carried_out(kind: str) -> None:
+        with client(live_stack, world.operator_secret) as operator:
+            command_id = issue(operator, kind=kind, run="run-1", reason="new driver").json()["id"]
+        with client(live_stack, world.agent_secret) as agent:
+            ack = f"/api/v1/commands/{command_id}/ack"
+            assert agent.post(ack, json={"state": "accepted"}).status_code == 200
+            assert agent.post(ack, json={"state": "succeeded"}).status_code == 200
+
+    carried_out("stop")
+    page.wait_for_selector('#run-state[data-state="stopped"]', timeout=5_000)
+    ended = page.locator("#run-ended")
+    assert ended.is_visible()
+    stopped_at = Run.objects.get(pk=world.run.pk).ended_at
+    assert ended.inner_text().startswith(f"Ended stopped at {stopped_at:%Y-%m-%d %H:%M:%S} UTC")
+    carried_out("resume")
+    page.wait_for_selector('#run-state[data-state="running"]', timeout=5_000)
+    assert page.inner_text("#run-state") == "running" and ended.is_hidden()
+    assert page.evaluate("window.__notReloaded") is True
+    assert viewer.errors == []
+    viewer.close()
 
 
 def test_drain_wants_the_name_and_the_overview_shows_it_live(chromium, live_stack, world):  # noqa: F811
