@@ -124,9 +124,9 @@ def server_commands(
     niced task still keeps the CPU for the rest of its time slice when a page read wakes up
     (about 1.5 ms on two cores), and a chart request wakes up a dozen times (Django, then
     Postgres, per query): an idle-class task gives way at once. Chart p95 under ingest ÷
-    idle 2.0–3.0 → 1.3–1.7, with ingest faster too (docs/performance.md, "The sixth
-    round"). The cost: on a host whose other work keeps every core busy, ingest waits for
-    a free core (the backlog then waits durably in the inbox and the agents' spools)."""
+    idle, median of 8 and 6 runs: 2.18 → 1.56, at the same ingest rate (docs/performance.md,
+    "The sixth round"). The cost: on a host whose other work keeps every core busy, ingest
+    waits for a free core (the backlog then waits durably in the inbox and the spools)."""
     python = sys.executable
     # Below INFO, the start-up banners go too (they came after the printed login).
     quiet = [] if log_level.upper() in ("DEBUG", "INFO") else ["--quiet"]
