@@ -6,11 +6,20 @@ import statistics
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter, itemgetter
 from typing import TypeVar
 
 from detectors.types import ClusterWindow, EventRow, RunWindow, Series, StepRow
 
 T = TypeVar("T")
+
+_RANK, _NODE = attrgetter("rank"), attrgetter("node")
+_TIME = itemgetter(0)  # of a (ts, value) point
+_STEP_TIME, _COMPUTE_TIME, _COMM_WAIT = (
+    attrgetter("step_time"),
+    attrgetter("compute_time"),
+    attrgetter("comm_wait"),
+)
 
 
 def median(values: Iterable[float]) -> float:
@@ -28,14 +37,15 @@ def pct(share: float) -> str:
     return f"{share * 100:.0f}%"
 
 
-# Several detectors group the same run's rows (a 1,024-rank window holds ~60k), so the
-# few most recent results are kept per (function, tuple). An entry holds the tuple itself,
-# so its id cannot be reused while cached; results are shared and must not be changed.
+# Several detectors group the same run's rows (a 1,024-rank window holds ~60k) or index the
+# same telemetry, so the few most recent results are kept per (function, tuple). An entry
+# holds the tuple itself, so its id cannot be reused while cached; results are shared and
+# must not be changed.
 _MEMO: dict[tuple[str, int], tuple[object, object]] = {}
-_MEMO_SIZE = 16
+_MEMO_SIZE = 32  # five entries per one-run window; a window of ten runs still fits
 
 
-def _memo(name: str, key: tuple[StepRow, ...], build: Callable[[], T]) -> T:
+def _memo(name: str, key: tuple[object, ...], build: Callable[[], T]) -> T:
     hit = _MEMO.get((name, id(key)))
     if hit is not None and hit[0] is key:
         return hit[1]  # type: ignore[return-value]
@@ -59,6 +69,28 @@ def by_step(steps: Iterable[StepRow]) -> dict[int, list[StepRow]]:
     return _memo("by_step", steps, build) if isinstance(steps, tuple) else build()
 
 
+def step_times(steps: tuple[StepRow, ...]) -> dict[int, float]:
+    """step → the median step_time of its rows (see `by_step`; shared: do not change)."""
+
+    def build() -> dict[int, float]:
+        return {n: median(list(map(_STEP_TIME, rows))) for n, rows in by_step(steps).items()}
+
+    return _memo("step_times", steps, build)
+
+
+def computes_of(rows: Sequence[StepRow]) -> list[float | None]:
+    """`compute_of` of each row, in order; when every row reports compute_time (the usual
+    case) without a Python call per row."""
+    values: list[float | None] = list(map(_COMPUTE_TIME, rows))
+    return values if None not in values else [compute_of(row) for row in rows]
+
+
+def comms_of(rows: Sequence[StepRow]) -> list[float | None]:
+    """`comm_of` of each row, in order (as `computes_of`)."""
+    values: list[float | None] = list(map(_COMM_WAIT, rows))
+    return values if None not in values else [comm_of(row) for row in rows]
+
+
 def compute_of(row: StepRow) -> float | None:
     """The rank's own work in a step: compute_time, else step_time − comm_wait (what is
     left once the time blocked in collectives is taken out)."""
@@ -79,27 +111,41 @@ def comm_of(row: StepRow) -> float | None:
     return None
 
 
+def row_nodes(steps: tuple[StepRow, ...]) -> dict[int, str]:
+    """rank → node as the rows say (a rank's last row wins), for every rank with a row. Do
+    not change the result: it is shared."""
+
+    def build() -> dict[int, str]:
+        return dict(zip(map(_RANK, steps), map(_NODE, steps), strict=True))
+
+    return _memo("row_nodes", steps, build)
+
+
 def rank_nodes(run: RunWindow) -> dict[int, str]:
     """rank → node: the window's map, completed from the step rows (a fresh dict)."""
-
-    def from_rows() -> dict[int, str]:
-        return {row.rank: row.node for row in run.steps}
-
-    return {**_memo("rank_nodes", run.steps, from_rows), **run.rank_nodes}
+    return {**row_nodes(run.steps), **run.rank_nodes}
 
 
 def node_runs(window: ClusterWindow) -> dict[str, str]:
-    """node → the run it serves (the last run in the window that names it)."""
-    out: dict[str, str] = {}
-    for run in window.runs:
-        for node in set(rank_nodes(run).values()):
-            out[node] = run.run
-    return out
+    """node → the run it serves (the last run in the window that names it). Do not change
+    the result: it is shared."""
+
+    def build() -> dict[str, str]:
+        out: dict[str, str] = {}
+        for run in window.runs:
+            for node in set(rank_nodes(run).values()):
+                out[node] = run.run
+        return out
+
+    return _memo("node_runs", window.runs, build)
 
 
 def series_index(window: ClusterWindow) -> dict[tuple[str, int | None, str], Series]:
-    """(node, gpu, metric) → its series."""
-    return {(s.node, s.gpu, s.metric): s for s in window.telemetry}
+    """(node, gpu, metric) → its series. Do not change the result: it is shared."""
+    telemetry = window.telemetry
+    return _memo(
+        "series_index", telemetry, lambda: {(s.node, s.gpu, s.metric): s for s in telemetry}
+    )
 
 
 def trailing_since(
@@ -129,7 +175,7 @@ def sustained(
     if not points or points[-1][0] - points[0][0] < span:
         return None
     end = points[-1][0]
-    start = bisect_left(points, end - span, key=lambda p: p[0])
+    start = bisect_left(points, end - span, key=_TIME)
     recent = points[start:]
     if sum(1 for _, v in recent if condition(v)) < share * len(recent):
         return None

@@ -19,8 +19,17 @@ drift when the steps' own spread says jitter alone moves it more than the config
 from __future__ import annotations
 
 from math import sqrt
+from typing import Literal, cast
 
-from detectors.common import by_step, comm_of, compute_of, median, rank_nodes, run_subject
+from detectors.common import (
+    by_step,
+    comms_of,
+    computes_of,
+    median,
+    rank_nodes,
+    run_subject,
+    step_times,
+)
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
 
@@ -32,19 +41,27 @@ def detect(
     return [f for run in window.runs for f in detect_run(run, now, config)]
 
 
-Profile = tuple[float, float, float, float]
+# (collective time, median compute, the comm_waits, median step_time) of one step; the
+# comm_waits' median is taken only for a finding's evidence (most windows raise none).
+Profile = tuple[float, float, list[float], float]
 
 
-def _profile(rows: list[StepRow]) -> Profile | None:
-    """(collective time, median compute, median comm_wait, median step_time) of one step."""
-    comms = [c for r in rows if (c := comm_of(r)) is not None]
-    computes = [c for r in rows if (c := compute_of(r)) is not None]
+def _profile(rows: list[StepRow], step_time: float) -> Profile | None:
+    """The step's profile (see `Profile`), given its median step_time."""
+    comms, computes = comms_of(rows), computes_of(rows)
+    if None in comms:
+        comms = [c for c in comms if c is not None]
+    if None in computes:
+        computes = [c for c in computes if c is not None]
     if not comms or not computes:
         return None
-    return min(comms), median(computes), median(comms), median([r.step_time for r in rows])
+    known_comms, known_computes = cast(list[float], comms), cast(list[float], computes)
+    return min(known_comms), median(known_computes), known_comms, step_time
 
 
-def _noise(early: list[Profile], late: list[Profile], base: float, field: int = 1) -> float:
+def _noise(
+    early: list[Profile], late: list[Profile], base: float, field: Literal[0, 1] = 1
+) -> float:
     """Four standard errors of the drift of one profile field (compute by default), relative
     to `base`: what jitter alone moves the two medians by (each median's error ≈ 1.25 × the
     steps' robust spread / √n, the spread from the median absolute deviation)."""
@@ -65,13 +82,13 @@ def detect_run(
     while the median compute stayed within `fabric_compute_tolerance` (or what jitter
     alone moves it by, when that is more); evidence: both
     medians before and now, and the GPU-hours per hour the run loses."""
-    steps = by_step(run.steps)
+    steps, times = by_step(run.steps), step_times(run.steps)
     numbers = sorted(steps)
     n = config.fabric_steps
     if len(numbers) < 2 * n:
         return []
-    early = [p for s in numbers[:n] if (p := _profile(steps[s]))]
-    late = [p for s in numbers[-n:] if (p := _profile(steps[s]))]
+    early = [p for s in numbers[:n] if (p := _profile(steps[s], times[s]))]
+    late = [p for s in numbers[-n:] if (p := _profile(steps[s], times[s]))]
     if not early or not late:
         return []
     base_comm, now_comm = median([p[0] for p in early]), median([p[0] for p in late])
@@ -108,7 +125,7 @@ def detect_run(
                 "compute_drift": round(drift, 4),
                 "compute_tolerance": round(tolerance, 4),
                 "rise_needed": round(needed, 4),
-                "median_comm_wait_s": round(median([p[2] for p in late]), 6),
+                "median_comm_wait_s": round(median([median(p[2]) for p in late]), 6),
                 "baseline_steps": [numbers[0], numbers[n - 1]],
                 "steps": [numbers[-n], numbers[-1]],
                 "gpu_hours_lost_per_hour": round(world * (now_comm - base_comm) / step_time, 3)

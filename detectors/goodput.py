@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
-from detectors.common import by_step, median
+from detectors.common import by_step, median, step_times
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
-from detectors.types import EventRow, RunWindow
+from detectors.types import EventRow, RunWindow, StepRow
 
+_TS = attrgetter("ts")
 BUCKETS = ("data", "checkpoint", "recovery", "wasted", "hang", "idle")
 
 
@@ -60,22 +62,33 @@ def completions(run: RunWindow) -> list[Completion]:
     """The run's step completions from every rank's rows, as `completions_marked` orders
     and marks them."""
     restarts = restarts_of(run.events)
+    steps = by_step(run.steps)
+    if not restarts:  # one epoch: a step's rows are one completion
+        times = step_times(run.steps)
+        return completions_marked(
+            _completion(number, rows, times[number]) for number, rows in steps.items()
+        )
 
     def epoch(ts: float) -> int:
         return sum(1 for r in restarts if r <= ts)
 
-    groups: dict[tuple[int, int], list] = {}
-    for number, rows in by_step(run.steps).items():
+    groups: dict[tuple[int, int], list[StepRow]] = {}
+    for number, rows in steps.items():
         for row in rows:
             groups.setdefault((epoch(row.ts), number), []).append(row)
     return completions_marked(
-        Completion(
-            number,
-            median([r.ts for r in rows]),
-            median([r.step_time for r in rows]),
-            median([(r.data_time or 0.0) + (r.h2d_time or 0.0) for r in rows]),
-        )
+        _completion(number, rows, median([r.step_time for r in rows]))
         for (_, number), rows in groups.items()
+    )
+
+
+def _completion(number: int, rows: list[StepRow], step_time: float) -> Completion:
+    """A completion from the rows that reported it and their median step_time."""
+    return Completion(
+        number,
+        median(list(map(_TS, rows))),
+        step_time,
+        median([(r.data_time or 0.0) + (r.h2d_time or 0.0) for r in rows]),
     )
 
 

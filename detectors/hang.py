@@ -14,19 +14,23 @@ hang; a run that keeps stepping, however unevenly, is not.
 
 from __future__ import annotations
 
-from detectors.common import by_step, median, rank_nodes, run_subject, unique_events
+from operator import attrgetter
+
+from detectors.common import median, rank_nodes, run_subject, step_times, unique_events
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.heartbeat import is_silent
 from detectors.types import ClusterWindow, EventRow, Finding, RunWindow
 
+_TS = attrgetter("ts")
+
 
 def typical_step_time(run: RunWindow, last: int = 20) -> float | None:
     """The median over the newest `last` steps of each step's median step_time."""
-    steps = by_step(run.steps)
-    recent = sorted(steps)[-last:]
+    times = step_times(run.steps)
+    recent = sorted(times)[-last:]
     if not recent:
         return None
-    return median([median([r.step_time for r in steps[n]]) for n in recent])
+    return median([times[n] for n in recent])
 
 
 def blocking_checkpoint(run: RunWindow, after: float) -> EventRow | None:
@@ -61,7 +65,7 @@ def detect(
         typical = typical_step_time(run)
         if typical is None:
             continue  # never stepped in the window: nothing to measure a stall from
-        last_at = max(r.ts for r in run.steps)
+        last_at = max(map(_TS, run.steps))
         limit = max(config.hang_factor * typical, config.hang_min_s)
         stalled = now - last_at
         if stalled <= limit:
@@ -73,7 +77,7 @@ def detect(
         ckpt = blocking_checkpoint(run, last_at - typical)
         if ckpt is not None and now - ckpt.ts <= config.checkpoint_timeout_s:
             continue
-        last_step = max(r.step for r in run.steps)
+        last_step = max(step_times(run.steps))  # the step numbers the rows name
         world = run.world_size or len(rank_nodes(run))
         why = ""
         if silent:

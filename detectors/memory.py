@@ -65,9 +65,11 @@ def _risk(window: ClusterWindow, config: DetectorConfig) -> list[Finding]:
     index = series_index(window)
     runs_of = node_runs(window)
     findings = []
-    for (node, gpu, metric), series in sorted(index.items(), key=lambda kv: str(kv[0])):
+    # The order is that of the keys' text; only the used-memory series need it (a tenth).
+    used_series = [(key, series) for key, series in index.items() if key[2] == USED]
+    for (node, gpu, _), series in sorted(used_series, key=lambda kv: str(kv[0])):
         total_series = index.get((node, gpu, TOTAL))
-        if metric != USED or not series.points or total_series is None:
+        if not series.points or total_series is None:
             continue
         total = total_series.points[-1][1] if total_series.points else 0.0
         if total <= 0:
@@ -75,7 +77,8 @@ def _risk(window: ClusterWindow, config: DetectorConfig) -> list[Finding]:
         last_ts = series.points[-1][0]
         used = median([v for _, v in series.points[-3:]])
         share = used / total
-        recent = [p for p in series.points if p[0] >= last_ts - config.oom_trend_window_s]
+        cutoff = last_ts - config.oom_trend_window_s
+        recent = [p for p in series.points if p[0] >= cutoff]
         rate, fitted = 0.0, used
         if len(recent) >= config.oom_trend_min_points and recent[-1][0] > recent[0][0]:
             # The rate between the medians of both ends screens out flat series cheaply.

@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
-from detectors.common import median, rank_nodes, rel_diff, run_subject
+from detectors.common import by_step, median, rank_nodes, rel_diff, row_nodes, run_subject
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
 
+_RANK = attrgetter("rank")
 # Past this many canaries without a majority, no group is looked for pair by pair (n²).
 PAIRWISE_MAX = 64
 CAUSES = {
@@ -51,16 +53,18 @@ def detect_run(
     reported as ambiguous."""
     groups: dict[tuple[int, str | None], dict[int, StepRow]] = defaultdict(dict)
     members: dict[str | None, set[int]] = defaultdict(set)
-    latest: dict[int, int] = {}
-    for row in run.steps:
-        latest[row.rank] = max(latest.get(row.rank, row.step), row.step)
-        if row.grad_checksum or row.param_checksum or row.canary_norm is not None:
-            groups[(row.step, row.shard)][row.rank] = row
-            members[row.shard].add(row.rank)
+    checked = [
+        row
+        for row in run.steps
+        if row.grad_checksum or row.param_checksum or row.canary_norm is not None
+    ]
+    for row in checked:
+        groups[(row.step, row.shard)][row.rank] = row
+        members[row.shard].add(row.rank)
     # Ranks report on their own: a check is judged once every member of its group has
     # reported it, or once every rank has moved past it (a missing one will not come) —
     # judging three of four replicas, two of them corrupt, would blame the healthy one.
-    settled = min(latest.values(), default=-1)
+    settled = _settled(run.steps)
     suspects: dict[int, _Suspect] = {}
     for (step, shard), rows in groups.items():
         if len(rows) < 2 or (len(rows) < len(members[shard]) and step >= settled):
@@ -87,6 +91,20 @@ def detect_run(
             suspects[rank].checked.add(step)
     nodes = rank_nodes(run)
     return [_finding(run.run, r, nodes.get(r), suspects[r], config) for r in sorted(suspects)]
+
+
+def _settled(steps: tuple[StepRow, ...]) -> int:
+    """The newest step that every rank has reached (the least of the ranks' newest steps),
+    -1 without rows: walking steps newest first, the first one by which every rank has
+    been seen, which for the usual window is its newest step alone."""
+    everyone = len(row_nodes(steps))
+    grouped = by_step(steps)
+    seen: set[int] = set()
+    for number in sorted(grouped, reverse=True):
+        seen.update(map(_RANK, grouped[number]))
+        if len(seen) == everyone:
+            return number
+    return -1
 
 
 def minority_exact(values: Mapping[int, str | None]) -> tuple[list[int], bool]:

@@ -39,17 +39,20 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from math import ceil, log
+from operator import attrgetter
+from typing import NamedTuple, cast
 
-from detectors.common import by_step, compute_of, median, pct, rank_nodes, run_subject
+from detectors.common import by_step, computes_of, median, pct, rank_nodes, run_subject, step_times
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
 
 
-@dataclass(frozen=True)
-class _Point:
-    """One rank at one step: its compute, its peers' median, the run's step time."""
+class _Point(NamedTuple):
+    """One rank at one step: its compute, its peers' median, the run's step time. (A named
+    tuple: a straggler's episode and the noise estimate make thousands.)"""
 
     step: int
     ts: float
@@ -74,10 +77,22 @@ class _Held:
 
 @dataclass(frozen=True)
 class _Step:
+    """A step's reports with a compute, as parallel lists (per-rank tuples would cost a
+    1,024-rank window ~60k allocations)."""
+
     number: int
-    values: dict[int, tuple[float, float]]  # rank → (compute, ts)
-    ordered: list[float]
+    rows: list[StepRow]
+    ranks: list[int]
+    computes: list[float]
+    at: dict[int, int]  # rank → index of its report (its last, if it sent two)
+    ordered: list[float]  # the compute of each rank (its last report), sorted
     step_time: float
+
+    def values(self) -> Iterator[tuple[int, float]]:
+        """(rank, compute) of each rank, in the order each first reported."""
+        if len(self.at) == len(self.ranks):
+            return zip(self.ranks, self.computes, strict=True)
+        return ((rank, self.computes[i]) for rank, i in self.at.items())
 
 
 def detect(
@@ -114,6 +129,8 @@ def detect_run(
     return findings
 
 
+_RANK = attrgetter("rank")
+
 # The noise estimate reads this many ranks at most (the lowest-numbered): 1,280 points
 # pin σ̂ well, and a 1,024-rank run must not pay for 20,000 of them.
 _NOISE_RANKS = 64
@@ -133,6 +150,7 @@ class _Ratios:
         self.limit = 1.0 + config.straggler_slowdown
         self.share = config.straggler_share
         self.by_step = by_step(run.steps)
+        self.step_times = step_times(run.steps)
         self.numbers = sorted(self.by_step, reverse=True)
         self.cursor = 0
         self.steps: list[_Step] = []
@@ -144,11 +162,22 @@ class _Ratios:
             number = self.numbers[self.cursor]
             self.cursor += 1
             rows: list[StepRow] = self.by_step[number]
-            values = {r.rank: (v, r.ts) for r in rows if (v := compute_of(r)) is not None}
-            if len(values) >= 2:  # no peers to compare with: neither evidence nor a break
-                ordered = sorted(v for v, _ in values.values())
-                step_time = median([r.step_time for r in rows])
-                self.steps.append(_Step(number, values, ordered, step_time))
+            values = computes_of(rows)
+            if None in values:
+                rows = [r for r, v in zip(rows, values, strict=True) if v is not None]
+            computes = [v for v in values if v is not None] if len(rows) < len(values) else values
+            ranks = list(map(_RANK, rows))
+            # Ranks mostly report in the same order every step: then the index is the same.
+            last = self.steps[-1] if self.steps else None
+            if last is not None and last.ranks == ranks:
+                at = last.at
+            else:
+                at = dict(zip(ranks, range(len(ranks)), strict=True))
+            if len(at) >= 2:  # no peers to compare with: neither evidence nor a break
+                known = cast(list[float], computes)
+                unique = known if len(at) == len(ranks) else [known[i] for i in at.values()]
+                step_time = self.step_times[number]
+                self.steps.append(_Step(number, rows, ranks, known, at, sorted(unique), step_time))
         return self.steps[i] if i < len(self.steps) else None
 
     def point(self, i: int, rank: int) -> _Point | None:
@@ -156,10 +185,12 @@ class _Ratios:
         if key not in self.points:
             step = self.step(i)
             point = None
-            if step is not None and rank in step.values:
-                value, ts = step.values[rank]
+            if step is not None and rank in step.at:
+                index = step.at[rank]
+                value = step.computes[index]
                 peers = _median_without(step.ordered, value)
                 if peers > 0:
+                    ts = step.rows[index].ts
                     point = _Point(step.number, ts, value, peers, step.step_time)
             self.points[key] = point
         return self.points[key]
@@ -171,9 +202,11 @@ class _Ratios:
             return []
         # Taking one value out leaves a median of at least this: below it × limit, not slow.
         floor = self.limit * step.ordered[(len(step.ordered) - 2) // 2]
+        if step.ordered[-1] < floor:  # the usual step: no one is near the line
+            return []
         return [
             rank
-            for rank, (value, _) in step.values.items()
+            for rank, value in step.values()
             if value >= floor and (p := self.point(i, rank)) is not None and p.ratio >= self.limit
         ]
 
@@ -226,7 +259,7 @@ class _Ratios:
         ranks: set[int] = set()
         for i in range(self.base_n):
             if (step := self.step(i)) is not None:
-                ranks.update(step.values)
+                ranks.update(step.at)
         deviations: list[float] = []
         for rank in sorted(ranks)[:_NOISE_RANKS]:
             logs = [
