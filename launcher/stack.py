@@ -193,14 +193,12 @@ def server_commands(
     }
     if ingest_port is not None:
         commands["ingest"] = gunicorn(ingest_port, ingest_workers)
-    if ingest_nice > 0:
-        for role in ("ingest", "worker"):
-            if role in commands:
-                commands[role] = ["nice", "-n", str(ingest_nice), *commands[role]]
+    lowered = ["nice", "-n", str(ingest_nice)] if ingest_nice > 0 else []
     if ingest_sched_idle and sched_idle_available():
-        for role in ("ingest", "worker"):
-            if role in commands:
-                commands[role] = ["chrt", "--idle", "0", *commands[role]]
+        lowered = ["chrt", "--idle", "0", *lowered]
+    for role in ("ingest", "worker"):
+        if role in commands:
+            commands[role] = [*lowered, *commands[role]]
     if not beat_in_worker:
         commands["beat"] = [
             python,
