@@ -18,6 +18,7 @@ process that the kernel names as the socket's peer.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -39,8 +40,7 @@ _tried: set[int] = set()  # backend pids this process has already handled
 def backend_nice_follow(sender: Any, connection: Any, **kwargs: Any) -> None:
     """connection_created receiver: renice this connection's backend to this process's
     niceness (pooled connections come back many times; each backend is handled once)."""
-    niceness = os.getpriority(os.PRIO_PROCESS, 0)
-    idle = sched_idle_self()
+    niceness, idle = own_priority()
     if niceness <= 0 and not idle:
         return
     raw = connection.connection
@@ -53,9 +53,13 @@ def backend_nice_follow(sender: Any, connection: Any, **kwargs: Any) -> None:
     backend_renice(raw, niceness, idle=idle)
 
 
-def sched_idle_self() -> bool:
-    """True when this thread runs under SCHED_IDLE (the launcher's INGEST_SCHED_IDLE)."""
-    return hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE
+@functools.cache
+def own_priority() -> tuple[int, bool]:
+    """(niceness, whether in the idle class) of this process, read once: the launcher sets
+    both when it starts the process (INGEST_NICE, INGEST_SCHED_IDLE), and every request
+    checks out a connection (two syscalls each, for nothing, on the web workers)."""
+    idle = hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE
+    return os.getpriority(os.PRIO_PROCESS, 0), idle
 
 
 @contextmanager
