@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Annotated
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import AfterValidator, ConfigDict, StringConstraints, create_model
 
 from apps.core import bounds
 from apps.ingest import validation
@@ -62,6 +65,15 @@ VALUES = st.sampled_from(
         {},
         {"k": 1},
         "x" * 300,
+        # Python's `$` also matches before a final newline, pydantic-core's does not
+        "gpu.util\n",
+        "node-1\n",
+        "deadbeef\n",
+        "node\u00a0x",
+        "node\u2028",
+        "\u00e9t\u00e9",
+        1.7e308,
+        -1.7e308,
     ]
 )
 RECORD_KEYS = ("ts", "metric", "gpu", "value", "rank", "step", "step_time", "tokens", "loss")
@@ -160,3 +172,82 @@ def test_a_cross_record_rule_broken_in_the_fast_check_is_answered_by_the_models(
     with pytest.raises(BatchRejected) as raised:
         validation.batch_validate(json.dumps(body).encode())
     assert raised.value.errors == [{"loc": "run", "msg": "required when steps is not empty"}]
+
+
+# Bodies that only a raw JSON text can hold: tokens, escapes and repeated keys.
+RAW_BODIES = [
+    b'"ts": NaN',
+    b'"ts": Infinity',
+    b'"ts": -Infinity',
+    b'"ts": 1e999',
+    b'"value": 1e999',
+    b'"value": 2, "value": NaN',
+    b'"metric": "gpu.util", "metric": "bad metric"',
+    b'"metric": "bad metric", "metric": "gpu.util"',
+    b'"metric": "gpu\\ud800"',
+    b'"metric": "gpu\\u0000"',
+    b'"gpu": 1.0',
+    b'"gpu": 1e0',
+    b'"gpu": 18446744073709551616',
+    b'"value": 123456789012345678901234567890',
+    b'"value": -0.0',
+    b'"value": 1E+2',
+]
+
+
+@pytest.mark.parametrize("fragment", RAW_BODIES, ids=lambda f: f.decode())
+def test_raw_json_the_fast_check_answers_as_the_models_do(fragment):
+    fields = [b'"metric": "gpu.util"', b'"value": 1.0', fragment]
+    if not fragment.startswith(b'"ts"'):
+        fields.append(b'"ts": ' + json.dumps(NOW).encode())
+    sample = b"{" + b", ".join(fields) + b"}"
+    body = b'{"batch_id": "b-1", "node": "node-1", "samples": [' + sample + b"]}"
+    assert fast_outcome(body) == model_outcome(body)
+
+
+@pytest.mark.parametrize("suffix", [b"", b" ", b"\n", b"\r\n\t"])
+def test_whitespace_around_the_body_is_answered_as_the_models_do(suffix):
+    body = json.dumps(base_batch()).encode()
+    assert fast_outcome(suffix + body + suffix) == model_outcome(suffix + body + suffix)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    where=st.sampled_from(["node", "run", "batch_id", "metric", "shard", "grad_checksum"]),
+    text=st.text(max_size=12) | st.from_regex(bounds.NAME_PATTERN, fullmatch=True),
+)
+def test_any_text_in_a_patterned_field_is_answered_as_the_models_do(where, text):
+    body = base_batch()
+    if where in ("metric",):
+        body["samples"][1][where] = text
+    elif where in ("shard", "grad_checksum"):
+        body["steps"][0][where] = text
+    else:
+        body[where] = text
+    encoded = json.dumps(body).encode()
+    assert fast_outcome(encoded) == model_outcome(encoded)
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [
+        Annotated[str, StringConstraints(to_lower=True)],
+        Annotated[str, StringConstraints(pattern="[a-z]+")],  # unanchored
+        Annotated[int, AfterValidator(lambda value: value)],
+        dict[str, int],
+    ],
+    ids=["to_lower", "unanchored pattern", "a validator", "a dict"],
+)
+def test_a_constraint_the_mirror_cannot_express_fails_at_build_time(annotation):
+    model = create_model("Odd", __config__=ConfigDict(strict=True), field=(annotation, ...))
+    with pytest.raises(TypeError, match="no fast mirror"):
+        validation._mirror(model, {})
+
+
+def test_the_tighter_of_two_bounds_holds_in_the_mirror():
+    # Real is finite (±1.8e308 in the mirror) and within ±1e150: the mirror keeps ±1e150
+    body = base_batch()
+    body["samples"][0]["value"] = 1e151
+    encoded = json.dumps(body).encode()
+    with pytest.raises(msgspec.ValidationError):
+        validation._FAST.decode(encoded)
