@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from apps.core.copy import SIGNATURE, TRAILER, pg_microseconds, send_form
+from apps.telemetry.columns import SampleColumns
 
 INT4_OID, FLOAT8_OID = 23, 701
 INT4_MAX = 2**31 - 1
@@ -28,12 +29,10 @@ _ARRAY_HEAD = ("len", "ndim", "nulls", "oid", "dim", "lower")
 _VALS_HEAD = np.dtype([(name, ">i4") for name in _ARRAY_HEAD])
 _ARRAY_HEAD_BYTES = 20  # ndim, has-nulls, oid, length, lower bound
 
-Key = tuple[int, str, int]
-
 
 class SeriesRanges(NamedTuple):
     """Per series written: its key and the timestamptz (pg_microseconds) of its first and
-    last point, as arrays in the order of the rows."""
+    last point, as arrays in the order of the series."""
 
     node_ids: np.ndarray
     metric_ids: np.ndarray
@@ -52,19 +51,13 @@ class ChunkRows(NamedTuple):
     ranges: SeriesRanges
 
 
-def chunk_rows_binary(
-    *, series: dict[Key, list[tuple[float, float]]], metric_ids: dict[str, int]
-) -> ChunkRows:
-    """One row per series (its points sorted by time) for `telemetry_chunk`'s CHUNK_COLUMNS:
-    points as offsets in ms from the first (rounded half to even, as `round`) and floats."""
-    keys = list(series)
-    lengths = np.fromiter((len(points) for points in series.values()), np.int64, len(keys))
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    times = np.fromiter((ts for points in series.values() for ts, _ in points), np.float64)
-    values = [float(value) for points in series.values() for _, value in points]
-    vals = np.array(values, dtype=np.float64)
-
+def chunk_rows_binary(*, series: SampleColumns, metric_ids: dict[str, int]) -> ChunkRows:
+    """One row per series for `telemetry_chunk`'s CHUNK_COLUMNS: points as offsets in ms
+    from the first (rounded half to even, as `round`) and floats. Rows come grouped by
+    their point count (one numpy layout per count), `ranges` in the order of the series."""
+    keys, times, vals = series.keys, series.times, series.values
+    starts, ends = series.bounds[:-1], series.bounds[1:]
+    lengths = ends - starts
     offsets = np.rint((times - np.repeat(times[starts], lengths)) * 1000)
     if offsets.size and np.abs(offsets).max() > INT4_MAX:
         raise ValueError("a series spans more than 24 days of samples in one drain")
@@ -76,9 +69,7 @@ def chunk_rows_binary(
         pg_microseconds(times[starts]),
         pg_microseconds(times[ends - 1]),
     )
-    # Python's own min, max and sum (left to right) of each row, as before: numpy's pairwise
-    # sum can differ in the last bit, its minimum may pick -0.0 over an equal 0.0
-    bounds = list(zip(starts.tolist(), ends.tolist(), strict=True))
+    vmin, vmax, vsum = row_stats(vals, starts=starts, lengths=lengths)
     head = send_form(
         [
             ("int4", ranges.node_ids),
@@ -87,9 +78,9 @@ def chunk_rows_binary(
             ("timestamptz", ranges.t0s),
             ("timestamptz", ranges.t1s),
             ("int4", lengths),
-            ("float8", [min(values[start:end]) for start, end in bounds]),
-            ("float8", [max(values[start:end]) for start, end in bounds]),
-            ("float8", [sum(values[start:end]) for start, end in bounds]),
+            ("float8", vmin),
+            ("float8", vmax),
+            ("float8", vsum),
         ],
         field_count=11,
         tail=[f"offsets_{name}" for name in _ARRAY_HEAD],
@@ -97,18 +88,46 @@ def chunk_rows_binary(
     _array_head(head, prefix="offsets_", oid=INT4_OID, lengths=lengths, element_bytes=8)
     vals_head = np.zeros(len(keys), _VALS_HEAD)
     _array_head(vals_head, prefix="", oid=FLOAT8_OID, lengths=lengths, element_bytes=12)
+    rows = _RowParts(head, send_form([("int4", offsets)]), vals_head, send_form([("float8", vals)]))
+    return ChunkRows(_stream(rows, starts=starts, lengths=lengths), len(vals), ranges)
 
-    return ChunkRows(
-        _interleave(
-            head,
-            send_form([("int4", offsets)]),
-            vals_head,
-            send_form([("float8", vals)]),
-            bounds,
-        ),
-        len(values),
-        ranges,
-    )
+
+# Rows longer than this get their min, max and sum from Python one by one: the vectorised
+# pass takes a numpy step per point position, for every row still that long.
+_VECTOR_ROW_MAX = 32
+
+
+def row_stats(
+    values: np.ndarray, *, starts: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's (values[start:start + length]) minimum, maximum and sum, as a loop over
+    its values gives them: the first of equal extremes (0.0 before -0.0, as `min`), and the
+    sum added left to right from 0 (numpy's pairwise sum can differ in the last bit)."""
+    vmin, vmax = np.empty(len(starts)), np.empty(len(starts))
+    vsum = np.zeros(len(starts))
+    short = np.flatnonzero(lengths <= _VECTOR_ROW_MAX)
+    order = short[np.argsort(-lengths[short], kind="stable")]  # rows still going: a prefix
+    first, size = starts[order], lengths[order]
+    low, high, total = values[first], values[first], vsum[order] + values[first]
+    for position in range(1, int(size[0]) if len(size) else 0):
+        going = int(np.searchsorted(-size, -position))  # rows longer than `position`
+        column = values[first[:going] + position]
+        total[:going] += column
+        low[:going] = np.where(column < low[:going], column, low[:going])
+        high[:going] = np.where(column > high[:going], column, high[:going])
+    vmin[order], vmax[order], vsum[order] = low, high, total
+    for row in np.flatnonzero(lengths > _VECTOR_ROW_MAX).tolist():
+        points = values[starts[row] : starts[row] + lengths[row]].tolist()
+        vmin[row], vmax[row] = min(points), max(points)
+        vsum[row] = _left_to_right_sum(points)
+    return vmin, vmax, vsum
+
+
+def _left_to_right_sum(points: list[float]) -> float:
+    total = 0.0
+    for point in points:
+        total += point
+    return total
 
 
 def _array_head(
@@ -119,24 +138,36 @@ def _array_head(
     head[f"{prefix}dim"] = lengths
 
 
-def _interleave(
-    head: np.ndarray,
-    offset_points: np.ndarray,
-    vals_head: np.ndarray,
-    value_points: np.ndarray,
-    bounds: list[tuple[int, int]],
-) -> bytes:
-    """signature, (head, offsets, values head, values) per row, trailer."""
-    heads, offsets = memoryview(head.tobytes()), memoryview(offset_points.tobytes())
-    vals_heads, values = memoryview(vals_head.tobytes()), memoryview(value_points.tobytes())
-    head_size, vals_head_size = head.dtype.itemsize, _VALS_HEAD.itemsize
-    parts: list[bytes | memoryview] = [SIGNATURE]
-    for row, (start, end) in enumerate(bounds):
-        parts += (
-            heads[row * head_size : (row + 1) * head_size],
-            offsets[start * 8 : end * 8],
-            vals_heads[row * vals_head_size : (row + 1) * vals_head_size],
-            values[start * 12 : end * 12],
+class _RowParts(NamedTuple):
+    """Per row its head (fixed fields, offsets array header) and values array header; per
+    point its offset and value elements (length and value each)."""
+
+    head: np.ndarray
+    offset_points: np.ndarray
+    vals_head: np.ndarray
+    value_points: np.ndarray
+
+
+def _stream(parts: _RowParts, *, starts: np.ndarray, lengths: np.ndarray) -> bytes:
+    """signature, rows, trailer: the rows of each point count laid out by one structured
+    array (head, offsets, values head, values), so no Python step is taken per row."""
+    chunks: list[bytes] = [SIGNATURE]
+    for length in np.unique(lengths).tolist():
+        rows = np.flatnonzero(lengths == length)
+        points = starts[rows, None] + np.arange(length)
+        layout = np.dtype(
+            [
+                ("head", parts.head.dtype),
+                ("offsets", parts.offset_points.dtype, (length,)),
+                ("vals_head", parts.vals_head.dtype),
+                ("vals", parts.value_points.dtype, (length,)),
+            ]
         )
-    parts.append(TRAILER)
-    return b"".join(parts)
+        table = np.empty(len(rows), layout)
+        table["head"] = parts.head[rows]
+        table["offsets"] = parts.offset_points[points]
+        table["vals_head"] = parts.vals_head[rows]
+        table["vals"] = parts.value_points[points]
+        chunks.append(table.tobytes())
+    chunks.append(TRAILER)
+    return b"".join(chunks)

@@ -30,7 +30,7 @@ from apps.core.codec import floats_decode, floats_encode, ints_decode, ints_enco
 from apps.core.db import server_cursor
 from apps.core.times import to_datetime
 from apps.telemetry.chunk_copy import SeriesRanges, chunk_rows_binary
-from apps.telemetry.models import HOST_GPU
+from apps.telemetry.columns import SampleColumns, columns_from_dicts
 
 CHUNK_COLUMNS = "(node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, offsets_ms, vals)"
 COMPACT_LOCK_KEY = 0x0B5C0
@@ -80,21 +80,9 @@ def metric_ids(*, names: Iterable[str]) -> dict[str, int]:
         return ids
 
 
-Series = dict[tuple[int, str, int], list[tuple[float, float]]]
-
-
-def samples_group(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> Series:
-    """Samples as series: (node id, metric name, gpu) → [(ts, value), …] in time order."""
-    series: Series = defaultdict(list)
-    for node_id, samples in samples_by_node.items():
-        for sample in samples:
-            gpu = sample.get("gpu")
-            series[node_id, sample["metric"], HOST_GPU if gpu is None else gpu].append(
-                (sample["ts"], sample["value"])
-            )
-    for points in series.values():
-        points.sort()
-    return series
+def samples_group(*, samples_by_node: dict[int, list[dict[str, Any]]]) -> SampleColumns:
+    """Samples (the contract's objects) as series of columns, sorted by (ts, value)."""
+    return columns_from_dicts(samples_by_node.items())
 
 
 class SamplesStored(NamedTuple):
@@ -105,14 +93,14 @@ class SamplesStored(NamedTuple):
     ranges: SeriesRanges
 
 
-def samples_store(*, series: Series) -> SamplesStored:
+def samples_store(*, series: SampleColumns) -> SamplesStored:
     """COPY one chunk row per series (in the caller's transaction). Marking the ranges for
     the rollups is the caller's step (the ingest store step), so telemetry never calls into
     history."""
-    if not series:
+    if not series.keys:
         return SamplesStored(0, SeriesRanges.empty())
     rows = chunk_rows_binary(
-        series=series, metric_ids=metric_ids(names={metric for _, metric, _ in series})
+        series=series, metric_ids=metric_ids(names={metric for _, metric, _ in series.keys})
     )
     with (
         connection.connection.cursor() as cursor,
@@ -122,11 +110,10 @@ def samples_store(*, series: Series) -> SamplesStored:
     return SamplesStored(rows.count, rows.ranges)
 
 
-def health_update(*, series: Series) -> None:
+def health_update(*, series: SampleColumns) -> None:
     """Merge the newest value of each series into its node/GPU's latest-health row."""
     latest: dict[tuple[int, int], dict[str, Any]] = {}
-    for (node_id, metric, gpu), points in series.items():
-        ts, value = points[-1]
+    for (node_id, metric, gpu), (ts, value) in zip(series.keys, series.latest, strict=True):
         entry = latest.setdefault((node_id, gpu), {"ts": ts, "values": {}})
         entry["values"][metric] = value
         entry["ts"] = max(entry["ts"], ts)

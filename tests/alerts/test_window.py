@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 def store(cluster: Cluster, body: dict, received: float) -> None:
     batches_store(
         batches=[
-            ClaimedBatch(
+            ClaimedBatch.of(
                 cluster_id=cluster.pk,
                 received_at=datetime.fromtimestamp(received, UTC),
                 body=body,

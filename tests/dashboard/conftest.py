@@ -76,7 +76,7 @@ def cluster_store(
                 ] + [{"ts": ts, "kind": "xid", "gpu": 1, "code": 79, "message": "fell off the bus"}]
             batches.append(body)
     received = datetime.fromtimestamp(now, UTC)
-    batches_store(batches=[ClaimedBatch(cluster.id, received, body) for body in batches])
+    batches_store(batches=[ClaimedBatch.of(cluster.id, received, body) for body in batches])
     return cluster
 
 

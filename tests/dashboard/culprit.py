@@ -36,7 +36,7 @@ def slow_rank_cluster(name: str, *, with_gpu: bool = True, evaluate: bool = True
                 "node_info": {"gpus": GPUS}, "run": RUN, "samples": gpu_samples(ts, GPUS),
                 "steps": steps,
             }  # fmt: skip
-            batches.append(ClaimedBatch(cluster.id, datetime.fromtimestamp(now, UTC), body))
+            batches.append(ClaimedBatch.of(cluster.id, datetime.fromtimestamp(now, UTC), body))
     batches_store(batches=batches)
     if evaluate:
         alerts_evaluate(cluster=cluster, now=now + 1)

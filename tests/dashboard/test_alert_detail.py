@@ -49,7 +49,7 @@ def training_store(name: str, now: float) -> Cluster:
                 "steps": steps, "events": [],
             })  # fmt: skip
     received = datetime.fromtimestamp(now, UTC)
-    batches_store(batches=[ClaimedBatch(cluster.id, received, body) for body in batches])
+    batches_store(batches=[ClaimedBatch.of(cluster.id, received, body) for body in batches])
     return cluster
 
 

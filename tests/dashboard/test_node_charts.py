@@ -53,7 +53,7 @@ def node_store(name: str, *, host: bool, steps: int = 6) -> Cluster:
             "run": RUN, "samples": samples, "steps": reports, "events": [],
         })  # fmt: skip
     received = datetime.fromtimestamp(now, UTC)
-    batches_store(batches=[ClaimedBatch(cluster.id, received, body) for body in batches])
+    batches_store(batches=[ClaimedBatch.of(cluster.id, received, body) for body in batches])
     return cluster
 
 

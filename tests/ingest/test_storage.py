@@ -21,7 +21,7 @@ def store(cluster: Cluster, *bodies: dict):
     with transaction.atomic():
         return batches_store(
             batches=[
-                ClaimedBatch(cluster_id=cluster.pk, received_at=datetime.now(UTC), body=body)
+                ClaimedBatch.of(cluster_id=cluster.pk, received_at=datetime.now(UTC), body=body)
                 for body in bodies
             ]
         )

@@ -102,7 +102,7 @@ def test_the_overview_keeps_128_nodes_of_8_gpus_on_one_screen(chromium, live_sta
             {"ts": now, "metric": "gpu.temp_c", "gpu": gpu, "value": temp if gpu == 2 else 60.0}
             for gpu in range(8)
         ]
-        batches.append(ClaimedBatch(cluster.id, datetime.fromtimestamp(now, UTC), body))
+        batches.append(ClaimedBatch.of(cluster.id, datetime.fromtimestamp(now, UTC), body))
     batches_store(batches=batches)
 
     browser = BrowserPage(chromium, live_stack.url, "op")

@@ -15,6 +15,7 @@ from apps.core.bounds import FLOAT_ABS_MAX
 from apps.core.copy import fixed_rows_binary, pg_microseconds
 from apps.core.times import to_datetime
 from apps.telemetry.chunk_copy import chunk_rows_binary
+from apps.telemetry.columns import columns_from_dicts
 from apps.telemetry.services import CHUNK_COLUMNS, CHUNK_TYPES
 
 pytestmark = pytest.mark.django_db
@@ -37,6 +38,7 @@ times = st.one_of(
     st.integers(int(NOW) - 7 * 86400, int(NOW)),
     st.integers(0, 10**6).map(lambda k: NOW - k * 0.0005),
 )
+# rows both sides of the vectorised statistics' limit (32 points)
 points = st.lists(st.tuples(times, values), min_size=1, max_size=40).map(sorted)
 keys = st.tuples(st.integers(1, 2**31 - 1), st.sampled_from(["gpu.util", "host.cpu"]),
                  st.integers(-1, 63))  # fmt: skip
@@ -44,13 +46,29 @@ series_dicts = st.dictionaries(keys, points, min_size=1, max_size=12)
 
 
 def reference_rows(series, metric_ids):
-    """The rows as samples_store built them for psycopg before (one write_row per series)."""
+    """The rows as samples_store built them for psycopg before (one write_row per series),
+    the sum added left to right (as Python 3.11's `sum` of floats does)."""
     for (node_id, metric, gpu), pts in series.items():
         t0 = pts[0][0]
         vals = [float(value) for _, value in pts]
         offsets = [round((ts - t0) * 1000) for ts, _ in pts]
         yield (node_id, metric_ids[metric], gpu, to_datetime(t0), to_datetime(pts[-1][0]),
-               len(pts), min(vals), max(vals), sum(vals), offsets, vals)  # fmt: skip
+               len(pts), min(vals), max(vals), left_to_right(vals), offsets, vals)  # fmt: skip
+
+
+def left_to_right(values):
+    total = 0.0
+    for value in values:
+        total += value
+    return total
+
+
+def as_columns(series):
+    """{(node, metric, gpu): sorted points} as the worker's columns of the same samples."""
+    return columns_from_dicts(
+        ((node, [{"ts": ts, "metric": metric, "gpu": gpu, "value": value} for ts, value in pts])
+         for (node, metric, gpu), pts in series.items())
+    )  # fmt: skip
 
 
 def micros(value: datetime) -> int:
@@ -76,7 +94,7 @@ def stored(table: str) -> list[tuple]:
 @given(series=series_dicts)
 def test_the_stream_stores_what_psycopg_stored(series):
     metric_ids = {"gpu.util": 7, "host.cpu": 2**31 - 1}
-    rows = chunk_rows_binary(series=series, metric_ids=metric_ids)
+    rows = chunk_rows_binary(series=as_columns(series), metric_ids=metric_ids)
     assert rows.count == sum(len(pts) for pts in series.values())
     ranges = list(zip(*(column.tolist() for column in rows.ranges), strict=True))
     assert ranges == [
@@ -100,7 +118,7 @@ def test_the_stream_stores_what_psycopg_stored(series):
 def test_a_series_spanning_more_than_int4_milliseconds_is_refused():
     series = {(1, "gpu.util", 0): [(NOW - 25 * 86400, 1.0), (NOW, 2.0)]}
     with pytest.raises(ValueError, match="24 days"):
-        chunk_rows_binary(series=series, metric_ids={"gpu.util": 1})
+        chunk_rows_binary(series=as_columns(series), metric_ids={"gpu.util": 1})
 
 
 @given(seconds=st.lists(times, max_size=50))

@@ -28,7 +28,7 @@ SCRAPED = {
 
 def store(cluster: Cluster, node: str, samples: list[dict], batch_id: str) -> None:
     body = {"batch_id": batch_id, "node": node, "samples": samples, "steps": [], "events": []}
-    batches_store(batches=[ClaimedBatch(cluster.id, datetime.now(UTC), body)])
+    batches_store(batches=[ClaimedBatch.of(cluster.id, datetime.now(UTC), body)])
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 import orjson
 import psycopg
@@ -25,9 +24,16 @@ from apps.core.tasks import queue_length, task_enqueue
 from apps.history.services import runs_mark_dirty, series_mark_dirty
 from apps.ingest.models import decode_payload
 from apps.ingest.services.backpressure import drain_heartbeat
+from apps.ingest.services.stored import (
+    StoredBatch,
+    StoredSample,
+    stored_batch_decode,
+    stored_batch_from,
+)
 from apps.live.services import live_mark_dirty
 from apps.runs.services import RunSeen, events_store, runs_touch, steps_store
-from apps.telemetry.services import health_update, samples_group, samples_store
+from apps.telemetry.columns import columns_from_records
+from apps.telemetry.services import health_update, samples_store
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +225,7 @@ def _claimed(row: tuple) -> ClaimedBatch:
     return ClaimedBatch(
         cluster_id=row[1],
         received_at=row[2],
-        body=orjson.loads(decode_payload(bytes(row[3]), row[4])),
+        body=stored_batch_decode(decode_payload(bytes(row[3]), row[4])),
     )
 
 
@@ -292,7 +298,12 @@ def batches_release(*, ids: list[int]) -> list[int]:
 class ClaimedBatch:
     cluster_id: int
     received_at: datetime
-    body: dict[str, Any]
+    body: StoredBatch
+
+    @classmethod
+    def of(cls, cluster_id: int, received_at: datetime, body: dict) -> ClaimedBatch:
+        """A batch from its body as parsed JSON (as the contract's objects)."""
+        return cls(cluster_id, received_at, stored_batch_from(body))
 
 
 def batches_store(*, batches: list[ClaimedBatch]) -> DrainResult:
@@ -300,33 +311,28 @@ def batches_store(*, batches: list[ClaimedBatch]) -> DrainResult:
 
     Runs inside the caller's transaction; each table gets one statement for all batches."""
     node_ids = nodes_touch(
-        seen={
-            (b.cluster_id, b.body["node"]): (b.received_at, b.body.get("node_info"))
-            for b in batches
-        },
+        seen={(b.cluster_id, b.body.node): (b.received_at, b.body.node_info) for b in batches},
         # a batch without a run comes from a node agent: only such nodes can go missing
-        agents={(b.cluster_id, b.body["node"]) for b in batches if not b.body.get("run")},
+        agents={(b.cluster_id, b.body.node) for b in batches if not b.body.run},
     )
     runs_seen: dict[tuple[int, str], RunSeen] = defaultdict(RunSeen)
     for batch in batches:
-        if batch.body.get("run"):
-            run = runs_seen[batch.cluster_id, batch.body["run"]]
-            for step in batch.body.get("steps", ()):
+        if batch.body.run:
+            run = runs_seen[batch.cluster_id, batch.body.run]
+            for step in batch.body.steps:
                 run.add_step(step)
     run_ids = runs_touch(seen=runs_seen)
 
-    samples_by_node: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    samples_by_node: list[tuple[int, list[StoredSample]]] = []
     steps, events = [], []
     for batch in batches:
-        node_id = node_ids[batch.cluster_id, batch.body["node"]]
-        run_id = run_ids.get((batch.cluster_id, batch.body.get("run") or ""))
-        samples_by_node[node_id].extend(batch.body.get("samples", ()))
-        steps.extend((run_id, node_id, step) for step in batch.body.get("steps", ()))
-        events.extend(
-            (batch.cluster_id, node_id, run_id, event) for event in batch.body.get("events", ())
-        )
+        node_id = node_ids[batch.cluster_id, batch.body.node]
+        run_id = run_ids.get((batch.cluster_id, batch.body.run or ""))
+        samples_by_node.append((node_id, batch.body.samples))
+        steps.extend((run_id, node_id, step) for step in batch.body.steps)
+        events.extend((batch.cluster_id, node_id, run_id, event) for event in batch.body.events)
     result = DrainResult(nodes={(key[0], node_id) for key, node_id in node_ids.items()})
-    series = samples_group(samples_by_node=samples_by_node)
+    series = columns_from_records(samples_by_node)
     samples = samples_store(series=series)
     series_mark_dirty(ranges=samples.ranges)
     health_update(series=series)
