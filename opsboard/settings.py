@@ -77,6 +77,29 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
+# The ingest pool (`OPSBOARD_ROLE=ingest`: the launcher's and compose's `ingest` gunicorn, to
+# which the proxy sends POST /api/v1/ingest alone) serves that endpoint and /healthz only,
+# through the middleware a bearer-token API needs: the rest (static files, sessions, CSRF,
+# users, messages, frame and CSP headers, login throttling) cost a tenth of its CPU per batch
+# and serve no agent. Anything else asked of it is answered 404 (IngestOnlyMiddleware).
+OPSBOARD_ROLE = env("OPSBOARD_ROLE", "")
+if OPSBOARD_ROLE == "ingest":
+    MIDDLEWARE = [
+        "django.middleware.security.SecurityMiddleware",
+        "apps.ingest.middleware.IngestOnlyMiddleware",
+        "apps.core.middleware.RequestSanityMiddleware",
+        "apps.ingest.middleware.IngestBodyMiddleware",
+        "django.middleware.common.CommonMiddleware",
+    ]
+    # No CSRF, frame or login-throttling middleware: it takes no cookie, form or login and
+    # renders no HTML. The admin's middleware neither: it never serves the admin.
+    SILENCED_SYSTEM_CHECKS = [
+        *("security.W003", "security.W002", "axes.W002"),
+        *("admin.E408", "admin.E409", "admin.E410"),
+    ]
+elif OPSBOARD_ROLE:
+    raise ValueError(f"OPSBOARD_ROLE={OPSBOARD_ROLE!r}: only 'ingest' (or unset) is known")
+
 ROOT_URLCONF = "opsboard.urls"
 WSGI_APPLICATION = "opsboard.wsgi.application"
 ASGI_APPLICATION = "opsboard.asgi.application"
@@ -130,6 +153,9 @@ DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME") or None}
 # INGEST_SCHED_IDLE (Linux) all of them run in the idle scheduling class too.
 INGEST_NICE = envint("INGEST_NICE", 10)
 INGEST_SCHED_IDLE = envbool("INGEST_SCHED_IDLE", "true")
+# The idle cpu cgroup the launcher runs ingest in (INGEST_IDLE_GROUP, launcher/cpu_group.py):
+# the maintenance passes' backends join it too. Empty: none.
+INGEST_IDLE_GROUP_PATH = env("INGEST_IDLE_GROUP_PATH", "")
 DB_BACKEND_NICE = envbool("DB_BACKEND_NICE", "true")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

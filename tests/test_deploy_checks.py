@@ -5,12 +5,17 @@ import secrets
 import subprocess
 import sys
 
+import pytest
+
 from launcher.procs import ROOT
 
 
-def test_check_deploy_is_clean_with_debug_off():
+# the ingest pool's role runs with the middleware of a bearer-token API only (settings)
+@pytest.mark.parametrize("role", ["", "ingest"])
+def test_check_deploy_is_clean_with_debug_off(role):
     env = {
         **os.environ,
+        "OPSBOARD_ROLE": role,
         "DEBUG": "false",
         "SECRET_KEY": secrets.token_urlsafe(64),
         "ALLOWED_HOSTS": "opsboard.example.com",

@@ -12,6 +12,24 @@ from django.conf import settings
 from apps.core.errors import error_response
 
 INGEST_PATH = "/api/v1/ingest"
+# What the ingest pool serves (settings: OPSBOARD_ROLE=ingest)
+INGEST_POOL_PATHS = frozenset({INGEST_PATH, "/healthz"})
+
+
+class IngestOnlyMiddleware:
+    """The ingest pool's first check: any path but the ingest endpoint and /healthz is 404.
+    Its middleware chain has no sessions, CSRF or users, so nothing that needs them may be
+    served from it, whatever reaches its port."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.path_info not in INGEST_POOL_PATHS:
+            return error_response(
+                404, [{"loc": "path", "msg": "the ingest pool serves POST /api/v1/ingest only"}]
+            )
+        return self.get_response(request)
 
 
 class IngestBodyMiddleware:
