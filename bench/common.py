@@ -80,13 +80,16 @@ class BenchStack:
         ingest_workers: int = 0,
         ingest_nice: int = 0,
         ingest_sched_idle: bool = False,
+        ingest_idle_group: bool = False,
     ) -> None:
         """`ingest_workers` > 0: agents' POSTs go to a gunicorn pool of their own at
         `ingest_url`, as the production proxy routes them (docker/nginx.conf).
         `ingest_nice`: the niceness of the ingest pool and worker, `ingest_sched_idle`: whether
-        they run under SCHED_IDLE too (launcher.stack)."""
+        they run under SCHED_IDLE too, `ingest_idle_group`: in an idle cpu cgroup as well where
+        the host allows one (launcher.commands, launcher.cpu_group)."""
+        from launcher.commands import server_commands
+        from launcher.cpu_group import idle_group_create
         from launcher.procs import free_port
-        from launcher.stack import server_commands
 
         self.port, self.ws_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -94,6 +97,9 @@ class BenchStack:
         self.ingest_url = f"http://127.0.0.1:{ingest_port}" if ingest_port else self.url
         # INGEST_NICE: the maintenance passes run their database work at it too (settings)
         self.env = {**env, "LIVE_WS_PORT": str(self.ws_port), "INGEST_NICE": str(ingest_nice)}
+        self.group = idle_group_create() if ingest_idle_group else None
+        if self.group is not None:  # the maintenance passes' backends join it (settings)
+            self.env["INGEST_IDLE_GROUP_PATH"] = str(self.group)
         self.commands = server_commands(
             host="127.0.0.1",
             port=self.port,
@@ -108,6 +114,7 @@ class BenchStack:
             ingest_workers=ingest_workers,
             ingest_nice=ingest_nice,
             ingest_sched_idle=ingest_sched_idle,
+            ingest_group=self.group,
         )
         if http == "uvicorn":
             self.ws_port = self.port
@@ -184,9 +191,12 @@ class BenchStack:
         return CpuMeter(roots, database, backends)
 
     def stop(self) -> None:
+        from launcher.cpu_group import idle_group_remove
         from launcher.procs import children_stop
 
         children_stop(self.processes, timeout=20)
+        if self.group is not None:
+            idle_group_remove(self.group)
 
     def manage(self, *args: str) -> str:
         return subprocess.run(

@@ -49,9 +49,13 @@ from bench.load import (  # noqa: E402
 )
 
 
+def ingest_group(stack: BenchStack) -> str:
+    return "an idle cpu cgroup" if stack.group is not None else "no cgroup of its own"
+
+
 def ingest_sched(args: argparse.Namespace) -> str:
     """The scheduling class the ingest processes ran under (idle needs Linux and chrt)."""
-    from launcher.stack import sched_idle_available
+    from launcher.commands import sched_idle_available
 
     return "idle" if args.ingest_sched == "idle" and sched_idle_available() else "normal"
 
@@ -89,6 +93,12 @@ def main() -> int:
         default="idle",
         help="scheduling class of the ingest pool and worker, as deployed (INGEST_SCHED_IDLE)",
     )
+    parser.add_argument(
+        "--ingest-group",
+        choices=["idle", "none"],
+        default="idle",
+        help="an idle cpu cgroup for the ingest pool and worker, as deployed (INGEST_IDLE_GROUP)",
+    )
     args = parser.parse_args()
 
     env, conninfo = prepare_database()
@@ -100,6 +110,7 @@ def main() -> int:
         ingest_workers=args.ingest_workers,
         ingest_nice=args.ingest_nice,
         ingest_sched_idle=args.ingest_sched == "idle",
+        ingest_idle_group=args.ingest_group == "idle",
     )
     stack.start()
     try:
@@ -183,7 +194,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
         f"HTTP on {args.http}, senders {args.senders}, web workers {args.web_workers}"
         f" + ingest pool {args.ingest_workers or 'none (one pool)'}, "
         f"celery concurrency {args.worker_concurrency}, ingest nice {args.ingest_nice}"
-        f" and sched {ingest_sched(args)}, "
+        f" and sched {ingest_sched(args)} in {ingest_group(stack)}, "
         f"{total_batches} batches x 1,000 samples, "
         f"offered {'max' if not args.rate else f'{args.rate:,.0f} samples/s'}, "
         f"{senders.failed} failed posts"

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from launcher.commands import server_commands
+from launcher.cpu_group import idle_group_create, idle_group_remove
 from launcher.procs import ROOT, children_stop, wait_for_http
 
 MAX_RESTARTS_PER_MINUTE = 5
@@ -80,147 +81,9 @@ def manage(environment: dict[str, str], *args: str, capture: bool = False) -> st
     return done.stdout or ""
 
 
-def server_commands(
-    *,
-    host: str,
-    port: int,
-    ws_port: int,
-    web_workers: int,
-    worker_concurrency: int,
-    queue: str,
-    beat_schedule: Path,
-    beat_in_worker: bool = False,
-    periodic_concurrency: int = 2,
-    log_level: str = "INFO",
-    ingest_port: int | None = None,
-    ingest_workers: int = 3,
-    ingest_nice: int = 0,
-    ingest_sched_idle: bool = False,
+def processes(
+    environment: dict[str, str], args: argparse.Namespace, ingest_group: Path | None = None
 ) -> dict[str, list[str]]:
-    """The stack's long-running processes.
-
-    HTTP (the agent API and the pages) is served by gunicorn's WSGI workers and websockets by
-    uvicorn: a 1,000-sample ingest measured ≈ 2× the throughput under WSGI (bench/ingest.py),
-    as Django runs each ASGI request's sync view through a thread hop of its own.
-
-    Two Celery workers: `worker` drains ingest from `queue`, `periodic` runs beat's tasks
-    (evaluation, rollups, pruning, compaction, the inbox sweep) from `<queue>.periodic`
-    (settings.CELERY_PERIODIC_QUEUE), so an ingest backlog never delays detection.
-    `beat_in_worker` embeds beat in the periodic worker (one process fewer). `log_level` is
-    Celery's (the launcher passes LOG_LEVEL, WARNING by default; the tests keep INFO).
-
-    With `ingest_port`, agents' POSTs get gunicorn workers of their own there (`ingest`), as
-    a proxy routes them in production (docker/nginx.conf): a page or chart read then never
-    waits in the accept queue behind ingest bodies (docs/performance.md).
-
-    `ingest_nice` > 0 runs the ingest worker (and the ingest pool, when it has one) at that
-    niceness: when the cores are saturated, page reads, detection and the live feed get the
-    CPU first, and the excess waits durably in the inbox and the agents' spools (chart p95
-    under ingest ÷ idle 4.5–7.4 → 2.2–3.1 in bench/ingest.py, docs/performance.md). Their
-    Postgres backends follow, and so does the database work of the maintenance passes, when the
-    server is local (the INGEST_NICE setting, apps/core/db_nice.py).
-
-    `ingest_sched_idle` (Linux, with util-linux's `chrt`) runs them under SCHED_IDLE too. A
-    niced task still keeps the CPU for the rest of its time slice when a page read wakes up
-    (about 1.5 ms on two cores), and a chart request wakes up a dozen times (Django, then
-    Postgres, per query): an idle-class task gives way at once. Chart p95 under ingest ÷
-    idle, median of 8 and 6 runs: 2.18 → 1.56, at the same ingest rate (docs/performance.md,
-    "The sixth round"). The cost: on a host whose other work keeps every core busy, ingest
-    waits for a free core (the backlog then waits durably in the inbox and the spools)."""
-    python = sys.executable
-    # Below INFO, the start-up banners go too (they came after the printed login).
-    quiet = [] if log_level.upper() in ("DEBUG", "INFO") else ["--quiet"]
-
-    def celery_worker(queues: str, concurrency: int, *extra: str) -> list[str]:
-        return [
-            python,
-            "-m",
-            "celery",
-            *quiet,
-            "-A",
-            "opsboard",
-            "worker",
-            "--loglevel",
-            log_level,
-            "--concurrency",
-            str(concurrency),
-            "--without-mingle",
-            "--without-gossip",
-            "-Q",
-            queues,
-            *extra,
-        ]
-
-    worker = celery_worker(queue, worker_concurrency)
-    # its own node name: two workers of one host must not share one
-    periodic = celery_worker(
-        f"{queue}.periodic", periodic_concurrency, "-n", f"periodic.{queue}@%h"
-    )
-    beat = ["--schedule", str(beat_schedule)]
-
-    def gunicorn(bind_port: int, workers: int) -> list[str]:
-        return [
-            python,
-            "-m",
-            "gunicorn",
-            "opsboard.wsgi:application",
-            "--bind",
-            f"{host}:{bind_port}",
-            "--workers",
-            str(workers),
-            "--log-level",
-            "warning",
-        ]
-
-    commands = {
-        "web": gunicorn(port, web_workers),
-        "ws": [
-            python,
-            "-m",
-            "uvicorn",
-            "opsboard.asgi:application",
-            "--host",
-            host,
-            "--port",
-            str(ws_port),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
-        "worker": worker,
-        "periodic": [*periodic, "-B", *beat] if beat_in_worker else periodic,
-        "publisher": [python, "manage.py", "live_publisher"],
-    }
-    if ingest_port is not None:
-        commands["ingest"] = gunicorn(ingest_port, ingest_workers)
-    lowered = ["nice", "-n", str(ingest_nice)] if ingest_nice > 0 else []
-    if ingest_sched_idle and sched_idle_available():
-        lowered = ["chrt", "--idle", "0", *lowered]
-    for role in ("ingest", "worker"):
-        if role in commands:
-            commands[role] = [*lowered, *commands[role]]
-    if not beat_in_worker:
-        commands["beat"] = [
-            python,
-            "-m",
-            "celery",
-            *quiet,
-            "-A",
-            "opsboard",
-            "beat",
-            "--loglevel",
-            log_level,
-            *beat,
-        ]
-    return commands
-
-
-def sched_idle_available() -> bool:
-    """True where the ingest processes can run under SCHED_IDLE (Linux, `chrt` installed)."""
-    return hasattr(os, "SCHED_IDLE") and shutil.which("chrt") is not None
-
-
-def processes(environment: dict[str, str], args: argparse.Namespace) -> dict[str, list[str]]:
     from opsboard.env import truthy
 
     var = Path(environment.get("OPSBOARD_VAR_DIR", ROOT / "var")).resolve()
@@ -236,6 +99,7 @@ def processes(environment: dict[str, str], args: argparse.Namespace) -> dict[str
         log_level=environment["LOG_LEVEL"],
         ingest_nice=int(environment.get("INGEST_NICE", 10)),
         ingest_sched_idle=truthy(environment.get("INGEST_SCHED_IDLE", "true")),
+        ingest_group=ingest_group,
     )
     if args.command == "demo":
         commands["simulator"] = simulator_command(
@@ -244,6 +108,20 @@ def processes(environment: dict[str, str], args: argparse.Namespace) -> dict[str
             spool_dir=var / "demo-spool",
         )
     return commands
+
+
+def ingest_group_prepare(environment: dict[str, str]) -> Path | None:
+    """An idle cpu cgroup for ingest (INGEST_IDLE_GROUP, on by default), named to the
+    children in INGEST_IDLE_GROUP_PATH (the maintenance passes' backends join it); None
+    where the host allows none (launcher.cpu_group)."""
+    from opsboard.env import truthy
+
+    if not truthy(environment.get("INGEST_IDLE_GROUP", "true")):
+        return None
+    group = idle_group_create()
+    if group is not None:
+        environment["INGEST_IDLE_GROUP_PATH"] = str(group)
+    return group
 
 
 def demo_token(environment: dict[str, str], var: Path) -> Path:
@@ -350,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    group = ingest_group_prepare(environment)
     try:
-        commands = processes(environment, args)
+        commands = processes(environment, args, ingest_group=group)
         for name in commands.keys() - {"simulator"}:
             children[name] = child_start(commands, name, environment)
         up = all(
@@ -387,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         # The simulator first, while the server still takes what it has spooled.
         children_stop([children.pop(name) for name in ("simulator",) if name in children])
         children_stop(children.values())
+        if group is not None:
+            idle_group_remove(group)
         if embedded:
             from opsboard.embedded import stop_all
 

@@ -90,12 +90,12 @@ class Process:
 
 
 class Stack:
-    """The processes of `make run` (launcher.stack.server_commands) on one database and Redis:
+    """The processes of `make run` (launcher.commands.server_commands) on one database and Redis:
     gunicorn for HTTP, uvicorn for websockets, a supervised Celery worker for ingest, another
     for the periodic queue with beat embedded, and the live publisher."""
 
     def __init__(self, env: dict[str, str], name: str = "stack", publisher: bool = True) -> None:
-        from launcher.stack import server_commands
+        from launcher.commands import server_commands
 
         self.name = name
         self.port, self.ws_port = free_port(), free_port()

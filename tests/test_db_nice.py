@@ -19,7 +19,9 @@ import pytest
 from django.db import connection
 
 from apps.core.db_nice import backend_is_ours, background_db
-from launcher.stack import processes, sched_idle_available
+from launcher.commands import sched_idle_available
+from launcher.cpu_group import group_is_idle, idle_group_create, idle_group_remove, own_cpu_group
+from launcher.stack import ingest_group_prepare, processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,3 +153,87 @@ def test_maintenance_called_inside_a_transaction_changes_nothing(settings):
     with background_db():
         assert backend_priority() == before
     assert backend_priority() == before
+
+
+# --- the idle cpu cgroup (launcher/cpu_group.py, INGEST_IDLE_GROUP) --------------------------
+
+# In a child process: connect through Django, print its own and its backend's cpu cgroup.
+CHILD_GROUP = """
+import django
+django.setup()
+from django.db import connection
+from launcher.cpu_group import own_cpu_group
+connection.ensure_connection()
+print(own_cpu_group(), own_cpu_group(connection.connection.info.backend_pid))
+"""
+
+
+@pytest.fixture
+def idle_group():
+    """A new idle cpu cgroup, as the launcher makes one (root: cgroup v1, or a delegated v2
+    subtree). CI runs as root; elsewhere, without permission, these tests skip."""
+    group = idle_group_create()
+    if group is None:
+        message = "no writable cpu cgroup here (root, or a delegated cgroup v2 subtree)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the idle group tests, but {message}")
+        pytest.skip(message)
+    assert group_is_idle(group) and own_cpu_group() != group
+    yield group
+    assert idle_group_remove(group), f"{group} still holds a process"
+
+
+def groups_of_child(url: str, prefix: Sequence[str]) -> tuple[str, str]:
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "opsboard.settings"}
+    done = subprocess.run(
+        [*prefix, sys.executable, "-c", CHILD_GROUP],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    own, backend = done.stdout.split()
+    return own, backend
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("via", ["tcp", "unix"])
+def test_a_process_in_an_idle_group_moves_its_own_backend_into_it(via, idle_group):
+    url = database_urls()[via]
+    wrapped = [sys.executable, "-m", "launcher.cpu_group", str(idle_group), "--"]
+    assert groups_of_child(url, wrapped) == (str(idle_group), str(idle_group))
+    # a process outside it leaves its backend where the server put it
+    own, backend = groups_of_child(url, [])
+    assert idle_group not in (Path(own), Path(backend))
+
+
+def test_the_launcher_runs_ingest_and_only_ingest_in_its_idle_group(idle_group):
+    args = argparse.Namespace(
+        command="run", host="127.0.0.1", port=1, ws_port=2, web_workers=1, worker_concurrency=1
+    )
+    environment = {"LOG_LEVEL": "WARNING", "OPSBOARD_VAR_DIR": "/nonexistent"}
+    commands = processes(environment, args, ingest_group=idle_group)
+    wrapper = [sys.executable, "-m", "launcher.cpu_group", str(idle_group), "--"]
+    assert commands["worker"][:11] == [*wrapper, "chrt", "--idle", "0", "nice", "-n", "10"]
+    for role in ("web", "ws", "periodic", "publisher"):
+        assert str(idle_group) not in commands[role], role
+    probe = [sys.executable, "-c", "from launcher.cpu_group import *; print(own_cpu_group())"]
+    done = subprocess.run([*commands["worker"][:11], *probe], capture_output=True, text=True)
+    assert done.stdout.strip() == str(idle_group)
+    # the launcher names the group to every child (the maintenance passes use it); off: none
+    env: dict[str, str] = {}
+    made = ingest_group_prepare(env)
+    assert made is not None and env["INGEST_IDLE_GROUP_PATH"] == str(made)
+    assert group_is_idle(made) and idle_group_remove(made)
+    env = {"INGEST_IDLE_GROUP": "false"}
+    assert ingest_group_prepare(env) is None and "INGEST_IDLE_GROUP_PATH" not in env
+
+
+def test_maintenance_backends_join_the_idle_group_then_are_dropped(
+    transactional_db, settings, idle_group
+):
+    settings.INGEST_NICE, settings.INGEST_SCHED_IDLE = 0, False
+    settings.INGEST_IDLE_GROUP_PATH = str(idle_group)
+    before = backend_priority()[0]
+    assert own_cpu_group(before) != idle_group
+    with background_db():
+        assert backend_priority()[0] == before and own_cpu_group(before) == idle_group
+    after = backend_priority()[0]
+    assert after != before and own_cpu_group(after) != idle_group

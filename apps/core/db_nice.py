@@ -6,8 +6,11 @@ ingest's CPU is spent in the Postgres backends that serve it, and those run at t
 niceness: under full ingest they took the chart query's share (docs/performance.md). So a
 niced process gives its niceness to each backend of its own, once, when the backend runs on
 this host and the OS lets it (the server's user, or root); a process under SCHED_IDLE (the
-launcher's INGEST_SCHED_IDLE) moves its backends to SCHED_IDLE too. With a remote database,
-a proxy in between (pgbouncer), or no permission, nothing changes.
+launcher's INGEST_SCHED_IDLE) moves its backends to SCHED_IDLE too, and a process in an idle
+cpu cgroup (the launcher's INGEST_IDLE_GROUP: the class alone orders the tasks of one
+scheduling group, and the server's backends are a group of their own) moves them into that
+group. With a remote database, a proxy in between (pgbouncer), or no permission, nothing
+changes.
 
 A backend's pid is the server's view. Before renicing, the process makes sure that the pid
 names this connection's backend in its own pid namespace (a server in a container reached
@@ -31,6 +34,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection as default_connection
 
+from launcher.cpu_group import group_is_idle, group_join, own_cpu_group
+
 logger = logging.getLogger(__name__)
 
 _MAX_REMEMBERED = 1000
@@ -40,8 +45,8 @@ _tried: set[int] = set()  # backend pids this process has already handled
 def backend_nice_follow(sender: Any, connection: Any, **kwargs: Any) -> None:
     """connection_created receiver: renice this connection's backend to this process's
     niceness (pooled connections come back many times; each backend is handled once)."""
-    niceness, idle = own_priority()
-    if niceness <= 0 and not idle:
+    niceness, idle, group = own_priority()
+    if niceness <= 0 and not idle and group is None:
         return
     raw = connection.connection
     pid = raw.info.backend_pid
@@ -50,16 +55,19 @@ def backend_nice_follow(sender: Any, connection: Any, **kwargs: Any) -> None:
     if len(_tried) >= _MAX_REMEMBERED:
         _tried.clear()
     _tried.add(pid)
-    backend_renice(raw, niceness, idle=idle)
+    backend_renice(raw, niceness, idle=idle, group=group)
 
 
 @functools.cache
-def own_priority() -> tuple[int, bool]:
-    """(niceness, whether in the idle class) of this process, read once: the launcher sets
-    both when it starts the process (INGEST_NICE, INGEST_SCHED_IDLE), and every request
-    checks out a connection (two syscalls each, for nothing, on the web workers)."""
+def own_priority() -> tuple[int, bool, Path | None]:
+    """(niceness, whether in the idle class, the idle cpu cgroup it is in or None) of this
+    process, read once: the launcher sets all three when it starts the process (INGEST_NICE,
+    INGEST_SCHED_IDLE, INGEST_IDLE_GROUP), and every request checks out a connection (a few
+    syscalls each, for nothing, on the web workers)."""
     idle = hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE
-    return os.getpriority(os.PRIO_PROCESS, 0), idle
+    group = own_cpu_group()
+    idle_group = group if group is not None and group_is_idle(group) else None
+    return os.getpriority(os.PRIO_PROCESS, 0), idle, idle_group
 
 
 @contextmanager
@@ -73,13 +81,14 @@ def background_db() -> Iterator[None]:
     the task) nothing changes."""
     niceness = settings.INGEST_NICE
     idle = settings.INGEST_SCHED_IDLE and hasattr(os, "SCHED_IDLE")
-    lowered = niceness > 0 or idle
+    group = Path(settings.INGEST_IDLE_GROUP_PATH) if settings.INGEST_IDLE_GROUP_PATH else None
+    lowered = niceness > 0 or idle or group is not None
     if not lowered or not settings.DB_BACKEND_NICE or default_connection.in_atomic_block:
         yield
         return
     default_connection.ensure_connection()
     raw = default_connection.connection
-    reniced = backend_renice(raw, niceness, idle=idle)
+    reniced = backend_renice(raw, niceness, idle=idle, group=group)
     try:
         yield
     finally:
@@ -88,10 +97,12 @@ def background_db() -> Iterator[None]:
             default_connection.close()
 
 
-def backend_renice(raw: Any, niceness: int, *, idle: bool = False) -> bool:
+def backend_renice(
+    raw: Any, niceness: int, *, idle: bool = False, group: Path | None = None
+) -> bool:
     """Renice the backend of the psycopg connection `raw` to `niceness` where it is lower,
-    and with `idle` move it to SCHED_IDLE, when it runs on this host and the OS allows it;
-    True when anything changed."""
+    with `idle` move it to SCHED_IDLE and with `group` into that cpu cgroup, when it runs on
+    this host and the OS allows it; True when anything changed."""
     pid = raw.info.backend_pid
     changed = False
     try:
@@ -102,6 +113,9 @@ def backend_renice(raw: Any, niceness: int, *, idle: bool = False) -> bool:
             changed = True
         if idle and os.sched_getscheduler(pid) != os.SCHED_IDLE:
             os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+            changed = True
+        if group is not None and own_cpu_group(pid) != group:
+            group_join(group, pid)
             changed = True
     except OSError as error:  # not permitted, gone, no /proc: the backend keeps its priority
         logger.debug("backend %s not deprioritised: %s", pid, error)

@@ -15,8 +15,8 @@ from apps.alerts.models import DetectorPass
 from apps.alerts.selectors import periodic_skips
 from apps.core.redis import redis_client
 from apps.ingest.models import InboxBatch
+from launcher.commands import server_commands
 from launcher.procs import wait_until
-from launcher.stack import server_commands
 from tests.conftest import make_batch
 from tests.stackproc import LOG_DIR
 

@@ -21,8 +21,9 @@ from apps.clusters.models import Cluster
 from apps.clusters.services import token_issue
 from apps.ingest.models import InboxBatch
 from detectors.evaluation import AlertRecord
+from launcher.commands import server_commands
 from launcher.procs import ROOT, children_stop, free_port, wait_for_http
-from launcher.stack import server_commands, service_env
+from launcher.stack import service_env
 
 DRAIN_TIMEOUT_S = 300
 
