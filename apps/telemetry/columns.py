@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 
 from apps.telemetry.models import HOST_GPU
@@ -44,9 +45,18 @@ class SampleColumns(NamedTuple):
         )
 
 
-def columns_from_records(parts: Iterable[tuple[int, Sequence[Any]]]) -> SampleColumns:
-    """The samples of (node id, samples) parts, each sample with attributes `ts`, `metric`,
-    `gpu` (None for the host) and `value` (the worker's decoded structs)."""
+class Sample(msgspec.Struct, gc=False):
+    """A stored sample as the worker decodes it (apps.ingest.services.stored): its numbers as
+    sent, int or float."""
+
+    ts: int | float
+    metric: str
+    value: int | float
+    gpu: int | None = None
+
+
+def columns_from_records(parts: Iterable[tuple[int, Sequence[Sample]]]) -> SampleColumns:
+    """The samples of (node id, samples) parts."""
     index: dict[Key, int] = {}
     codes: list[int] = []
     times: list[Any] = []
@@ -63,18 +73,9 @@ def columns_from_records(parts: Iterable[tuple[int, Sequence[Any]]]) -> SampleCo
 
 def columns_from_dicts(parts: Iterable[tuple[int, Sequence[dict[str, Any]]]]) -> SampleColumns:
     """The same from samples as dicts (the contract's JSON objects)."""
-    index: dict[Key, int] = {}
-    codes: list[int] = []
-    times: list[Any] = []
-    values: list[Any] = []
-    for node_id, samples in parts:
-        for sample in samples:
-            gpu = sample.get("gpu")
-            key = (node_id, sample["metric"], HOST_GPU if gpu is None else gpu)
-            codes.append(index.setdefault(key, len(index)))
-            times.append(sample["ts"])
-            values.append(sample["value"])
-    return _sorted(index, codes, times, values)
+    return columns_from_records(
+        (node_id, msgspec.convert(samples, list[Sample])) for node_id, samples in parts
+    )
 
 
 def _sorted(index: dict[Key, int], codes: list[int], times: list, values: list) -> SampleColumns:
@@ -82,10 +83,12 @@ def _sorted(index: dict[Key, int], codes: list[int], times: list, values: list) 
     ts = np.array(times, dtype=np.float64)
     vals = np.array(values, dtype=np.float64)
     order = np.argsort(code, kind="stable")
-    if not _series_in_order(code[order], ts[order], vals[order]):
+    by_series = code[order], ts[order], vals[order]
+    if not _series_in_order(*by_series):
         # as tuples sort: by (series, ts, value); stable, so equal points keep the sent order
         order = np.lexsort((vals, ts, code))
-    code, ts, vals = code[order], ts[order], vals[order]
+        by_series = code[order], ts[order], vals[order]
+    code, ts, vals = by_series
     bounds = np.searchsorted(code, np.arange(len(index) + 1))
     last = order[bounds[1:] - 1].tolist() if len(index) else []
     return SampleColumns(list(index), bounds, ts, vals, [(times[at], values[at]) for at in last])

@@ -24,15 +24,10 @@ from apps.core.tasks import queue_length, task_enqueue
 from apps.history.services import runs_mark_dirty, series_mark_dirty
 from apps.ingest.models import decode_payload
 from apps.ingest.services.backpressure import drain_heartbeat
-from apps.ingest.services.stored import (
-    StoredBatch,
-    StoredSample,
-    stored_batch_decode,
-    stored_batch_from,
-)
+from apps.ingest.services.stored import StoredBatch, stored_batch_decode, stored_batch_from
 from apps.live.services import live_mark_dirty
 from apps.runs.services import RunSeen, events_store, runs_touch, steps_store
-from apps.telemetry.columns import columns_from_records
+from apps.telemetry.columns import Sample, columns_from_records
 from apps.telemetry.services import health_update, samples_store
 
 logger = logging.getLogger(__name__)
@@ -323,7 +318,7 @@ def batches_store(*, batches: list[ClaimedBatch]) -> DrainResult:
                 run.add_step(step)
     run_ids = runs_touch(seen=runs_seen)
 
-    samples_by_node: list[tuple[int, list[StoredSample]]] = []
+    samples_by_node: list[tuple[int, list[Sample]]] = []
     steps, events = [], []
     for batch in batches:
         node_id = node_ids[batch.cluster_id, batch.body.node]

@@ -15,19 +15,14 @@ from typing import Any
 
 import msgspec
 
-
-class StoredSample(msgspec.Struct, gc=False):
-    ts: int | float
-    metric: str
-    value: int | float
-    gpu: int | None = None
+from apps.telemetry.columns import Sample
 
 
 class StoredBatch(msgspec.Struct, gc=False):
     node: str
     run: str | None = None
     node_info: dict[str, Any] | None = None
-    samples: list[StoredSample] = []
+    samples: list[Sample] = []
     steps: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
 
