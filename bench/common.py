@@ -88,8 +88,8 @@ class BenchStack:
         they run under SCHED_IDLE too, `ingest_idle_group`: in an idle cpu cgroup as well where
         the host allows one (launcher.commands, launcher.cpu_group)."""
         from launcher.commands import server_commands
-        from launcher.cpu_group import idle_group_create
         from launcher.procs import free_port
+        from launcher.stack import ingest_group_prepare
 
         self.port, self.ws_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -97,9 +97,8 @@ class BenchStack:
         self.ingest_url = f"http://127.0.0.1:{ingest_port}" if ingest_port else self.url
         # INGEST_NICE: the maintenance passes run their database work at it too (settings)
         self.env = {**env, "LIVE_WS_PORT": str(self.ws_port), "INGEST_NICE": str(ingest_nice)}
-        self.group = idle_group_create() if ingest_idle_group else None
-        if self.group is not None:  # the maintenance passes' backends join it (settings)
-            self.env["INGEST_IDLE_GROUP_PATH"] = str(self.group)
+        # as the launcher makes it, named in the children's environment
+        self.group = ingest_group_prepare(self.env) if ingest_idle_group else None
         self.commands = server_commands(
             host="127.0.0.1",
             port=self.port,
