@@ -1,11 +1,14 @@
-"""Playwright driving Debian's Chromium (no browser download): shared by the page tests."""
+"""Playwright driving a Chromium that the machine has (`make test` finds or installs one:
+launcher/browser.py): shared by the page tests."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
-CHROMIUM = "/usr/bin/chromium"
+from launcher.browser import HOW_TO_GET_ONE, chromium_find
+
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -16,6 +19,15 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+@functools.cache
+def chromium_path() -> str:
+    """The browser `make test` chose (it sets CHROMIUM), else the first one found."""
+    found = chromium_find()
+    if found is None:
+        raise RuntimeError(HOW_TO_GET_ONE)
+    return found
 
 
 def log_in(page, base_url: str, username: str, password: str) -> None:

@@ -105,19 +105,19 @@ def client_in(db) -> Client:
 
 @pytest.fixture(scope="module")
 def chromium():
-    """Debian's Chromium, headless (as tests/live/test_live_page.py drives it)."""
+    """The machine's Chromium, headless (as tests/live/test_live_page.py drives it)."""
     import os
 
     from playwright.sync_api import sync_playwright
 
-    from tests.browser import CHROMIUM, CHROMIUM_ARGS
+    from tests.browser import CHROMIUM_ARGS, chromium_path
 
     # Playwright's sync API keeps an event loop on this thread; the ORM calls of the test
     # itself are synchronous all the same (the documented pytest-django/Playwright setting).
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS
         )
         yield browser
         browser.close()
