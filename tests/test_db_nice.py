@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from apps.core.db_nice import backend_is_ours, background_db
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = """
 import os, django
 django.setup()
+from django.conf import settings
 from django.db import connection
 connection.ensure_connection()
 pid = connection.connection.info.backend_pid
@@ -36,18 +38,47 @@ print(pid, os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid))
 """
 
 
-def socket_dir() -> str:
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW unix_socket_directories")
-        return cursor.fetchone()[0].split(",")[0].strip()
+def server_transports() -> dict[str, dict]:
+    """How this session's database server can be reached, as psycopg connection parameters
+    by transport: "tcp" at the host and port the session itself uses (or, when the session
+    uses a Unix socket, the server's own listen address, if it listens on TCP at all), and
+    "unix" at the server's socket, if that socket is on this machine. The embedded Postgres
+    listens on its socket only; the machine's own listens on both. Asked of the server at
+    collection time, before the test database exists, on the database the settings name."""
+    db = settings.DATABASES["default"]
+    session = {"user": db["USER"] or "postgres", "dbname": db["NAME"]}
+    session_host = db["HOST"] or "127.0.0.1"
+    with psycopg.connect(host=session_host, port=db["PORT"] or 5432, **session) as conn:
+        listen, port, sockets = (
+            conn.execute(f"SHOW {name}").fetchone()[0]
+            for name in ("listen_addresses", "port", "unix_socket_directories")
+        )
+    transports = {}
+    if not session_host.startswith("/"):
+        transports["tcp"] = {"host": session_host, "port": db["PORT"] or 5432}
+    elif listen.strip():
+        address = listen.split(",")[0].strip()
+        loopback = {"*": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+        transports["tcp"] = {"host": loopback.get(address, address), "port": int(port)}
+    socket_dir = sockets.split(",")[0].strip()
+    if socket_dir and Path(socket_dir, f".s.PGSQL.{port}").exists():
+        transports["unix"] = {"host": socket_dir, "port": int(port)}
+    return transports
+
+
+def pytest_generate_tests(metafunc):
+    if "via" in metafunc.fixturenames:
+        metafunc.parametrize("via", sorted(server_transports()))
 
 
 def database_urls() -> dict[str, str]:
+    """The test database's URL by transport (the test database's name is known only once
+    the session has made it)."""
     db = connection.settings_dict
     name, user = db["NAME"], db["USER"] or "postgres"
     return {
-        "tcp": f"postgres://{user}@127.0.0.1:{db['PORT'] or 5432}/{name}",
-        "unix": f"postgres://{user}@{quote(socket_dir(), safe='')}:{db['PORT'] or 5432}/{name}",
+        via: f"postgres://{user}@{quote(params['host'], safe='')}:{params['port']}/{name}"
+        for via, params in server_transports().items()
     }
 
 
@@ -72,7 +103,6 @@ def child_backend(url: str, niceness: int, prefix: Sequence[str] = ()) -> tuple[
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("via", ["tcp", "unix"])
 def test_a_niced_process_renices_its_own_backend(via):
     url = database_urls()[via]
     assert child_backend(url, niceness=7)[1:] == (7, os.SCHED_OTHER)
@@ -80,7 +110,6 @@ def test_a_niced_process_renices_its_own_backend(via):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("via", ["tcp", "unix"])
 def test_an_idle_class_process_moves_its_own_backend_to_the_idle_class(via):
     url = database_urls()[via]
     assert sched_idle_available(), "Linux with util-linux's chrt: the ingest processes need it"
@@ -108,11 +137,9 @@ def test_the_launcher_runs_ingest_and_only_ingest_in_the_idle_class():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("via", ["tcp", "unix"])
 def test_a_pid_is_taken_only_for_a_backend_at_the_other_end_of_the_socket(via):
     db = connection.settings_dict
-    host = "127.0.0.1" if via == "tcp" else socket_dir()
-    params = {"host": host, "port": db["PORT"] or 5432, "user": db["USER"] or "postgres"}
+    params = {**server_transports()[via], "user": db["USER"] or "postgres"}
     with (
         psycopg.connect(dbname=db["NAME"], **params) as one,
         psycopg.connect(dbname=db["NAME"], **params) as other,
@@ -161,6 +188,7 @@ def test_maintenance_called_inside_a_transaction_changes_nothing(settings):
 CHILD_GROUP = """
 import django
 django.setup()
+from django.conf import settings
 from django.db import connection
 from launcher.cpu_group import own_cpu_group
 connection.ensure_connection()
@@ -194,7 +222,6 @@ def groups_of_child(url: str, prefix: Sequence[str]) -> tuple[str, str]:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("via", ["tcp", "unix"])
 def test_a_process_in_an_idle_group_moves_its_own_backend_into_it(via, idle_group):
     url = database_urls()[via]
     wrapped = [sys.executable, "-m", "launcher.cpu_group", str(idle_group), "--"]
