@@ -1,7 +1,9 @@
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 from apps.clusters.choices import NodeState
+from apps.clusters.hostlist import patterns_match
 
 
 class Cluster(models.Model):
@@ -21,6 +23,15 @@ class AgentToken(models.Model):
     digest = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Empty: cluster-wide (simulators, launchers). Otherwise the nodes this token acts for,
+    # as names or hostlist patterns (apps/clusters/hostlist.py): it posts batches, polls and
+    # acknowledges only as them.
+    nodes = ArrayField(
+        models.CharField(max_length=255),
+        default=list,
+        blank=True,
+        help_text="node names or patterns such as gpu-[001-128]; empty: every node",
+    )
 
     def __str__(self) -> str:
         return f"{self.cluster}/{self.name or self.prefix}"
@@ -28,6 +39,14 @@ class AgentToken(models.Model):
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
+
+    @property
+    def is_cluster_wide(self) -> bool:
+        return not self.nodes
+
+    def acts_for(self, node_name: str) -> bool:
+        """Whether this token may act as the node: any node of its cluster when cluster-wide."""
+        return not self.nodes or patterns_match(self.nodes, node_name)
 
 
 class Node(models.Model):

@@ -12,12 +12,14 @@ def token_authenticate(*, secret: str) -> AgentToken | None:
     # cost a fifth of the ingest view's CPU).
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT id, cluster_id, name FROM clusters_agenttoken"
+            "SELECT id, cluster_id, name, nodes FROM clusters_agenttoken"
             " WHERE digest = %s AND revoked_at IS NULL",
             [token_digest(secret)],
         )
         row = cursor.fetchone()
-    return AgentToken(id=row[0], cluster_id=row[1], name=row[2]) if row else None
+    if row is None:
+        return None
+    return AgentToken(id=row[0], cluster_id=row[1], name=row[2], nodes=row[3])
 
 
 def cluster_list() -> list[Cluster]:

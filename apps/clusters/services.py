@@ -1,11 +1,13 @@
 import hashlib
 import secrets
+from collections.abc import Sequence
 from datetime import datetime
 
 import psycopg
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.clusters.hostlist import pattern_compile
 from apps.clusters.models import AgentToken, Cluster
 
 TOKEN_PREFIX = "obt_"
@@ -18,14 +20,24 @@ def token_digest(secret: str) -> str:
 
 
 @transaction.atomic
-def token_issue(*, cluster_name: str, name: str = "") -> tuple[AgentToken, str]:
+def token_issue(
+    *, cluster_name: str, name: str = "", nodes: Sequence[str] = ()
+) -> tuple[AgentToken, str]:
     """Create the cluster if needed and a new token; returns (token, secret).
 
-    The secret is returned once and never stored."""
+    With `nodes` (names or hostlist patterns such as gpu-[001-128]) the token acts only as
+    those nodes; without, for every node of the cluster. Raises PatternError for a pattern
+    that names no node set. The secret is returned once and never stored."""
+    for pattern in nodes:
+        pattern_compile(pattern)
     cluster, _ = Cluster.objects.get_or_create(name=cluster_name)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = AgentToken.objects.create(
-        cluster=cluster, name=name, prefix=secret[:10], digest=token_digest(secret)
+        cluster=cluster,
+        name=name,
+        prefix=secret[:10],
+        digest=token_digest(secret),
+        nodes=list(dict.fromkeys(nodes)),
     )
     return token, secret
 

@@ -17,9 +17,15 @@ from apps.commands import services
 from apps.commands.choices import REASON_MAX_LENGTH, CommandKind, CommandState
 from apps.commands.longpoll import REDIRECTS_HEADER
 from apps.commands.longpoll_wsgi import longpoll_redirect, poll_sync
-from apps.commands.selectors import command_get, command_json, command_list, run_plan
+from apps.commands.selectors import (
+    command_get,
+    command_handed_to,
+    command_json,
+    command_list,
+    run_plan,
+)
 from apps.core import bounds
-from apps.core.auth import agent_auth
+from apps.core.auth import COMMAND_NOT_OURS, NODE_NOT_OURS, agent_auth
 from apps.core.errors import Errors, FieldError
 from apps.core.params import CLUSTER_MAX_LENGTH
 from apps.runs.models import Run
@@ -197,7 +203,7 @@ def _one(model, loc: str, name: str, clusters) -> Any:
 @router.get(
     "/commands",
     auth=[agent_auth, user_token_auth, SessionAuth()],
-    response={200: CommandsOut, 307: None, 400: Errors, 401: Errors},
+    response={200: CommandsOut, 307: None, 400: Errors, 401: Errors, 403: Errors},
     summary="Agents: long-poll for the node's commands. Users: the commands, newest first",
     description=(
         "An agent's poll with `wait` > 0 sent with `X-Opsboard-Redirects: follow` may be "
@@ -225,6 +231,8 @@ def commands(
         return {"commands": [command_json(command) for command in found]}
     if not query.node:
         raise FieldError(400, "node", "an agent polls for one node")
+    if not token.acts_for(query.node):
+        raise FieldError(403, "node", NODE_NOT_OURS)
     follows = (redirects or "").strip().lower() == "follow"
     if query.wait > 0 and (redirect := longpoll_redirect(request, follows=follows)) is not None:
         return redirect
@@ -259,7 +267,7 @@ def _reader_clusters(request: HttpRequest):
 @router.post(
     "/commands/{command_id}/ack",
     auth=agent_auth,
-    response={200: CommandOut, 400: Errors, 401: Errors, 404: Errors, 409: Errors},
+    response={200: CommandOut, 400: Errors, 401: Errors, 403: Errors, 404: Errors, 409: Errors},
     summary="An agent acknowledges a command: accepted, succeeded or failed",
 )
 def command_ack(request: HttpRequest, command_id: uuid.UUID, payload: AckIn):
@@ -270,6 +278,11 @@ def command_ack(request: HttpRequest, command_id: uuid.UUID, payload: AckIn):
         CommandKind.RESUME,
     ):
         raise FieldError(404, "command_id", "no such command")
+    token = request.agent_token
+    if not token.is_cluster_wide and not any(
+        token.acts_for(node) for node in command_handed_to(command=command)
+    ):
+        raise FieldError(403, "command_id", COMMAND_NOT_OURS)
     try:
         command = services.command_ack(
             command=command,

@@ -39,10 +39,12 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.http.request import split_domain_port, validate_host
 from django.utils import timezone
 
+from apps.clusters.models import AgentToken
 from apps.clusters.selectors import token_authenticate
 from apps.commands import services
 from apps.commands.selectors import command_get, command_json, commands_deliverable_targets
 from apps.commands.wakeups import wake_channel, wake_pattern
+from apps.core.auth import NODE_NOT_OURS
 from apps.core.errors import validation_errors
 from apps.core.middleware import NUL, NUL_MESSAGE
 
@@ -315,12 +317,12 @@ class LongPollApp:
         if token is None:  # a user, or a bad token: Django answers as the sync view does
             await self.app(scope, receive, send)
             return
-        status, body = await self._poll(scope, receive, token.cluster_id)
+        status, body = await self._poll(scope, receive, token)
         if body is not None:
             await _answer(send, status, body)
 
     async def _poll(
-        self, scope: dict, receive: Callable, cluster_id: int
+        self, scope: dict, receive: Callable, token: AgentToken
     ) -> tuple[int, dict[str, Any] | None]:
         from apps.commands.api import CommandsQuery
 
@@ -334,9 +336,11 @@ class LongPollApp:
             return 400, {"errors": validation_errors(exc.errors(include_url=False))}
         if not query.node:
             return 400, _errors("node", "an agent polls for one node")
+        if not token.acts_for(query.node):
+            return 403, _errors("node", NODE_NOT_OURS)
         try:
             handed = await poll_async(
-                cluster_id=cluster_id,
+                cluster_id=token.cluster_id,
                 node_name=query.node,
                 kinds=query.kind_set,
                 wait=query.wait,

@@ -11,7 +11,7 @@ from django.utils import timezone
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
 from apps.commands.choices import DELIVERED_KINDS, CommandState
-from apps.commands.models import Command
+from apps.commands.models import Command, CommandTransition
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent, StepReport
 from apps.runs.selectors import step_reports
@@ -61,6 +61,19 @@ def commands_pending(
         .select_related("run", "node")
         .order_by("issued_at")
     )
+
+
+def command_handed_to(*, command: Command) -> set[str]:
+    """The nodes a command was meant for or handed to: its own node, and every node whose
+    poll received it (first delivery and redeliveries, from its history)."""
+    handed = set(
+        CommandTransition.objects.filter(
+            command_id=command.pk, to_state=CommandState.DELIVERED, detail__has_key="node"
+        ).values_list("detail__node", flat=True)
+    )
+    if command.node_id is not None:
+        handed.add(command.node.name)
+    return handed
 
 
 def run_serving_node_names(*, run_id: int) -> list[str]:

@@ -9,6 +9,10 @@ from ninja.security import HttpBearer
 from apps.clusters.models import AgentToken
 from apps.clusters.selectors import token_authenticate
 
+# A node-bound token (AgentToken.nodes) posting, polling or acknowledging as another node
+NODE_NOT_OURS = "this token acts only for its own nodes, and this is not one of them"
+COMMAND_NOT_OURS = "this token acts only for its own nodes: the command was not handed to them"
+
 
 class AgentBearer(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> AgentToken | None:

@@ -2,8 +2,8 @@ from django.core.handlers.wsgi import WSGIRequest
 from django.http import HttpRequest
 from ninja import Router, Status
 
-from apps.core.auth import agent_auth
-from apps.core.errors import Errors, error_response
+from apps.core.auth import NODE_NOT_OURS, agent_auth
+from apps.core.errors import Errors, FieldError, error_response
 from apps.ingest.ratelimit import ingest_rate_take
 from apps.ingest.schemas import IngestAccepted, IngestDuplicate
 from apps.ingest.services import batch_accept
@@ -31,6 +31,7 @@ BODY_DOC = {
         200: IngestDuplicate,
         400: Errors,
         401: Errors,
+        403: Errors,
         413: Errors,
         429: Errors,
         503: Errors,
@@ -45,6 +46,8 @@ def ingest(request: HttpRequest):
     if wait:
         return _rate_limited(wait)
     batch = batch_validate(request.body)
+    if not request.agent_token.acts_for(batch.node):
+        raise FieldError(403, "node", NODE_NOT_OURS)
     if isinstance(request, WSGIRequest):
         # bad input is answered at once; a good batch waits while the workers catch up. Not
         # under ASGI, where sync views share one thread: a wait there would hold them all.

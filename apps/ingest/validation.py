@@ -37,6 +37,7 @@ _FLOAT_MAX = sys.float_info.max
 @dataclass(frozen=True)
 class AcceptedBatch:
     batch_id: str
+    node: str
     samples: int
     steps: int
     events: int
@@ -56,9 +57,13 @@ def batch_validate(body: bytes) -> AcceptedBatch:
             samples=data.samples, steps=data.steps, events=data.events, run=data.run, field=getattr
         )
     ):
-        return AcceptedBatch(data.batch_id, len(data.samples), len(data.steps), len(data.events))
+        return AcceptedBatch(
+            data.batch_id, data.node, len(data.samples), len(data.steps), len(data.events)
+        )
     batch = IngestBatch.model_validate_json(body)
-    return AcceptedBatch(batch.batch_id, len(batch.samples), len(batch.steps), len(batch.events))
+    return AcceptedBatch(
+        batch.batch_id, batch.node, len(batch.samples), len(batch.steps), len(batch.events)
+    )
 
 
 @dataclass(frozen=True)

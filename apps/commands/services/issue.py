@@ -7,13 +7,14 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from apps.access.selectors import user_may
 from apps.audit.services import audit_record
 from apps.clusters.models import Cluster, Node
 from apps.commands.choices import NODE_KINDS, RUN_KINDS, CommandKind, CommandState
-from apps.commands.models import Command
+from apps.commands.models import Command, CommandTransition
 from apps.commands.selectors import commands_pending, run_plan
 from apps.commands.services.core import CommandConflict, command_create, command_transition
 from apps.commands.services.nodes import HookFailed, node_cordon, node_uncordon
@@ -170,14 +171,28 @@ def commands_deliver(
             except CommandConflict:  # acknowledged or expired meanwhile
                 continue
         else:
-            moved = bool(
-                Command.objects.filter(
-                    pk=command.pk, state=CommandState.DELIVERED, delivered_at=command.delivered_at
-                ).update(delivered_at=now)
-            )
+            moved = _redeliver(command=command, node_name=node_name, now=now)
         if moved:
             handed.append(command)
     return handed
+
+
+def _redeliver(*, command: Command, node_name: str, now) -> bool:
+    """Hand a delivered command out again, if no other poll did meanwhile; its history
+    records which node got it (a node-bound token may acknowledge only what its nodes got)."""
+    with transaction.atomic():
+        moved = Command.objects.filter(
+            pk=command.pk, state=CommandState.DELIVERED, delivered_at=command.delivered_at
+        ).update(delivered_at=now)
+        if moved:
+            CommandTransition.objects.create(
+                command=command,
+                from_state=CommandState.DELIVERED,
+                to_state=CommandState.DELIVERED,
+                at=now,
+                detail={"node": node_name, "redelivered": True},
+            )
+    return bool(moved)
 
 
 def command_ack(
