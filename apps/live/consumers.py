@@ -79,7 +79,10 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
         await self.leave_groups()
 
     async def end(self, code: int) -> None:
-        """Close with `code` (before or after accepting) and stop listening at once."""
+        """Close with `code` (before or after accepting) and stop listening at once. Once:
+        the idle timer and a message handler may both find the login ended."""
+        if self.closed:
+            return
         self.closed = True
         await self.close(code=code)
         await self.leave_groups()
