@@ -119,6 +119,9 @@ def server_commands(
             "--port",
             str(ws_port),
             "--no-access-log",
+            # the client address is apps.core.client_ip's to work out (TRUSTED_PROXIES):
+            # uvicorn would otherwise take X-Forwarded-For from any loopback peer as fact
+            "--no-proxy-headers",
             "--log-level",
             "warning",
         ],

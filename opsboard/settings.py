@@ -4,6 +4,7 @@ With no DATABASE_URL / REDIS_URL the embedded default (opsboard/embedded.py) sta
 real Postgres and Redis under ./var/. Postgres is the only database Opsboard supports.
 """
 
+import ipaddress
 from pathlib import Path
 
 import dj_database_url
@@ -254,6 +255,17 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_ENABLED = envbool("AXES_ENABLED", "true")
 AXES_VERBOSE = False
+# The proxies whose X-Forwarded-For is believed (addresses or CIDRs, comma-separated): the
+# client is the first address, from the right, that is not one of them (apps.core.client_ip,
+# for the lockouts above and the audit log). Empty: trust nobody, the peer is the client; a
+# header from anyone else is ignored, so nobody can forge an address to lock a user out.
+TRUSTED_PROXIES = envlist("TRUSTED_PROXIES", "")
+for _proxy in TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError:
+        raise ValueError(f"TRUSTED_PROXIES: {_proxy!r} is not an IP address or network") from None
+AXES_CLIENT_IP_CALLABLE = "apps.core.client_ip.client_ip"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LANGUAGE_CODE = "en-us"

@@ -94,7 +94,9 @@ class Stack:
     gunicorn for HTTP, uvicorn for websockets, a supervised Celery worker for ingest, another
     for the periodic queue with beat embedded, and the live publisher."""
 
-    def __init__(self, env: dict[str, str], name: str = "stack", publisher: bool = True) -> None:
+    def __init__(
+        self, env: dict[str, str], name: str = "stack", publisher: bool = True, workers: bool = True
+    ) -> None:
         from launcher.commands import server_commands
 
         self.name = name
@@ -113,8 +115,18 @@ class Stack:
         )
         self.web = Process(f"{name}-web", commands["web"], self.env)
         self.ws = Process(f"{name}-ws", commands["ws"], self.env)
-        self.worker = Process(f"{name}-worker", commands["worker"], self.env, supervised=True)
-        self.periodic = Process(f"{name}-periodic", commands["periodic"], self.env, supervised=True)
+        # workers=False: the servers alone, for tests of what HTTP and websockets do by
+        # themselves (on a shared test machine, two Celery workers and beat cost real CPU)
+        self.worker = (
+            Process(f"{name}-worker", commands["worker"], self.env, supervised=True)
+            if workers
+            else None
+        )
+        self.periodic = (
+            Process(f"{name}-periodic", commands["periodic"], self.env, supervised=True)
+            if workers
+            else None
+        )
         self.publisher = (
             Process(f"{name}-publisher", commands["publisher"], self.env) if publisher else None
         )

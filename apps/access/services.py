@@ -1,5 +1,6 @@
 """Granting roles and issuing personal tokens; every change is audited."""
 
+import logging
 import secrets
 from typing import Any
 
@@ -12,6 +13,9 @@ from apps.audit.choices import ActorKind, AuditAction, Outcome
 from apps.audit.services import audit_record
 from apps.clusters.models import Cluster
 from apps.clusters.services import token_digest
+from apps.core.signals import role_revoked
+
+logger = logging.getLogger(__name__)
 
 TOKEN_PREFIX_SHOWN = 12  # "obu_" and 8 characters of the secret
 
@@ -32,12 +36,25 @@ def role_grant(
 
 
 def role_revoke(*, user: Any, cluster: Cluster, actor: Any = None, request: Any = None) -> bool:
-    """Remove the user's role on the cluster; False when there was none."""
+    """Remove the user's role on the cluster; False when there was none. On commit,
+    apps.core.signals.role_revoked is sent (the user's live sockets on the cluster close)."""
     with transaction.atomic():
         deleted, _ = ClusterRole.objects.filter(user=user, cluster=cluster).delete()
         if deleted:
             _audit(AuditAction.ROLE_REVOKE, actor, cluster, f"user:{user.username}", request)
+            user_id, cluster_id = user.pk, cluster.pk
+            transaction.on_commit(lambda: _send_revoked(user_id, cluster_id))
     return bool(deleted)
+
+
+def _send_revoked(user_id: int, cluster_id: int) -> None:
+    """After commit: tell the receivers (apps.live); a failing one is logged."""
+    outcomes = role_revoked.send_robust(sender=ClusterRole, user_id=user_id, cluster_id=cluster_id)
+    for receiver, outcome in outcomes:
+        if isinstance(outcome, Exception):
+            logger.error("%s failed on the revoked role of user %s on cluster %s",
+                         getattr(receiver, "__qualname__", receiver), user_id, cluster_id,
+                         exc_info=outcome)  # fmt: skip
 
 
 def user_token_issue(

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from apps.audit.choices import ActorKind
 from apps.audit.models import AuditEntry
+from apps.core.client_ip import client_ip
 
 REQUEST_ID_HEADER = "HTTP_X_REQUEST_ID"
 REQUEST_ID_MAX = 64
@@ -26,10 +27,11 @@ def audit_record(
     detail: dict | None = None,
     request: HttpRequest | None = None,
 ) -> AuditEntry:
-    """Append one entry. Call it for denied attempts too. With `request`: the client IP and
-    the request id (X-Request-ID, else a fresh uuid, kept on the request so every entry of
-    one request shares it); a request authenticated by a personal token is recorded as
-    actor_kind "token". Runs in the caller's transaction, if any: an action rolled back
+    """Append one entry. Call it for denied attempts too. With `request`: the client IP
+    (apps.core.client_ip: X-Forwarded-For only through TRUSTED_PROXIES) and the request id
+    (X-Request-ID, else a fresh uuid, kept on the request so every entry of one request
+    shares it); a request authenticated by a personal token is recorded as actor_kind
+    "token". Runs in the caller's transaction, if any: an action rolled back
     leaves no entry claiming it succeeded."""
     if actor_kind == ActorKind.USER and getattr(request, "user_token", None) is not None:
         actor_kind = ActorKind.TOKEN
@@ -46,15 +48,9 @@ def audit_record(
         reason=reason,
         outcome=outcome,
         detail=detail or {},
-        client_ip=_client_ip(request),
+        client_ip=client_ip(request) if request is not None else None,
         request_id=_request_id(request),
     )
-
-
-def _client_ip(request: HttpRequest | None) -> str | None:
-    # REMOTE_ADDR only: X-Forwarded-For is whatever the client says unless a trusted proxy
-    # rewrites it, and an audit log must not record a forged address as fact.
-    return request.META.get("REMOTE_ADDR") or None if request is not None else None
 
 
 def _request_id(request: HttpRequest | None) -> str:

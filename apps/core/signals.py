@@ -11,3 +11,9 @@ from django.dispatch import Signal
 # evaluation pass that raised the alert, after its transaction committed; sent with
 # send_robust, so a failing receiver is logged and never undoes or stops the pass.
 alert_raised = Signal()
+
+# Sent by apps.access on commit, once per cluster role removed (apps.access.services.role_revoke),
+# with `user_id` and `cluster_id` (ints). apps.live listens: the user's websockets on that
+# cluster close at once unless another grant (superuser) still shows it. Sent with
+# send_robust: a failing receiver is logged and never undoes the removal.
+role_revoked = Signal()

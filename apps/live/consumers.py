@@ -7,10 +7,13 @@ twice is harmless. Unnumbered, as they happen: {"type": "alert", "alert": {...}}
 {"type": "command", "command": {...}} (a row of a page's command list, whole: applying one
 twice is harmless too). Consumers never write to the database.
 
-The socket lives no longer than its login: the session is re-checked at most every
-LIVE_SESSION_CHECK_S before a message goes out and on a timer while idle, and the socket is
-closed with 4401 once the user logged out, the session expired, the user was deactivated or
-changed password.
+The socket lives no longer than its login and its access. It closes at once with 4401 when
+its session ends (logout, the session deleted), and with 4403 when the user's role on the
+cluster is removed and nothing else (superuser) still shows it: a `live.close` message to the
+socket's session or user group (apps.live.services, on commit). As the net for a message lost
+with Redis, and for what sends none (expiry, deactivation, a role deleted behind the service's
+back), the login and access are re-checked at most every LIVE_SESSION_CHECK_S before a
+message goes out and on a timer while idle.
 """
 
 import asyncio
@@ -24,13 +27,13 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from apps.access.selectors import clusters_visible
-from apps.clusters.models import Cluster
 from apps.core.redis import redis_client
-from apps.live.groups import cluster_group, cluster_seq_key
-from apps.live.selectors import node_health_list, session_user_id
+from apps.live.groups import cluster_group, cluster_seq_key, session_group, user_group
+from apps.live.selectors import node_health_list, session_user
 
-CLOSE_UNAUTHENTICATED = 4401
-CLOSE_NOT_FOUND = 4404
+CLOSE_UNAUTHENTICATED = 4401  # no login, or it ended: logout, expiry, deactivation, password
+CLOSE_FORBIDDEN = 4403  # the user's role that showed this cluster was removed
+CLOSE_NOT_FOUND = 4404  # no such cluster, or one the user holds no role in
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ logger = logging.getLogger(__name__)
 class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
     closed = False
     watcher: asyncio.Task | None = None
+    cluster_id: int | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -46,18 +50,24 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
             return
         self.user_id = user.pk
         self.session_key = getattr(self.scope.get("session"), "session_key", None)
-        self.checked_at = time.monotonic()
-        # a cluster the user holds no role in is "not found", as on the pages
-        cluster = await database_sync_to_async(_visible_cluster)(
-            user, self.scope["url_route"]["kwargs"]["cluster_name"]
+        # Join the groups that carry this login's end first, then check the login: a logout
+        # or role removal committed meanwhile is either seen by the check or delivered after.
+        self.joined = [user_group(user.pk)]
+        if self.session_key:
+            self.joined.append(session_group(self.session_key))
+        for group in self.joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        code, cluster_id = await database_sync_to_async(_admission)(
+            self.session_key, self.user_id, self.scope["url_route"]["kwargs"]["cluster_name"]
         )
-        if cluster is None:
-            await self.close(code=CLOSE_NOT_FOUND)
+        if cluster_id is None:
+            await self.end(code)
             return
-        self.cluster_id = cluster.id
-        self.group = cluster_group(cluster.id)
+        self.cluster_id = cluster_id
+        self.checked_at = time.monotonic()
         # Join first, then read: a delta sent meanwhile is either in the snapshot or after it.
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.joined.append(cluster_group(cluster_id))
+        await self.channel_layer.group_add(self.joined[-1], self.channel_name)
         await self.accept()
         self.watcher = asyncio.create_task(self.watch_session())
         await self.send_snapshot()
@@ -66,8 +76,21 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
         self.closed = True
         if self.watcher is not None and self.watcher is not asyncio.current_task():
             self.watcher.cancel()
-        if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        await self.leave_groups()
+
+    async def end(self, code: int) -> None:
+        """Close with `code` (before or after accepting) and stop listening at once. Once:
+        the idle timer and a message handler may both find the login ended."""
+        if self.closed:
+            return
+        self.closed = True
+        await self.close(code=code)
+        await self.leave_groups()
+
+    async def leave_groups(self) -> None:
+        for group in getattr(self, "joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+        self.joined = []
 
     async def receive_json(self, content, **kwargs) -> None:
         if isinstance(content, dict) and content.get("type") == "resync":
@@ -93,18 +116,30 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
         if await self.session_valid():
             await self.send_json({"type": "command", "command": event["command"]})
 
+    async def live_close(self, event) -> None:
+        """A login ended or a role was removed (apps.live.services): {"ended": "session"}
+        closes with 4401; {"ended": "role", "cluster_id": n} closes a socket on that cluster
+        with 4403 unless the user still sees it (a superuser does), re-checked here."""
+        if self.closed:
+            return
+        if event.get("ended") == "session":
+            await self.end(CLOSE_UNAUTHENTICATED)
+        elif event.get("cluster_id") == self.cluster_id:
+            await self.session_valid(force=True)
+
     async def session_valid(self, *, force: bool = False) -> bool:
-        """False (and the socket closed with 4401) once the login behind it has ended;
-        looked up at most every LIVE_SESSION_CHECK_S, so a busy feed costs no query per
-        message."""
+        """False (and the socket closed: 4401, 4403) once the login behind it has ended or
+        no longer shows the cluster; looked up at most every LIVE_SESSION_CHECK_S, so a busy
+        feed costs no query per message."""
         if self.closed:
             return False
         if force or time.monotonic() - self.checked_at >= settings.LIVE_SESSION_CHECK_S:
             self.checked_at = time.monotonic()
-            user_id = await database_sync_to_async(session_user_id)(session_key=self.session_key)
-            if user_id != self.user_id:
-                self.closed = True
-                await self.close(code=CLOSE_UNAUTHENTICATED)
+            code = await database_sync_to_async(_access_lost)(
+                self.session_key, self.user_id, self.cluster_id
+            )
+            if code is not None:
+                await self.end(code)
                 return False
         return True
 
@@ -123,8 +158,24 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
                     logger.warning("live socket: session check failed: %s", error)
 
 
-def _visible_cluster(user, name: str) -> Cluster | None:
-    return clusters_visible(user=user).filter(name=name).first()
+def _admission(session_key: str | None, user_id: int, name: str) -> tuple[int, int | None]:
+    """(close code, None) or (0, the id of the cluster `name` this login may watch). A cluster
+    the user holds no role in is "not found", as on the pages."""
+    user = session_user(session_key=session_key)
+    if user is None or user.pk != user_id:
+        return CLOSE_UNAUTHENTICATED, None
+    cluster_id = clusters_visible(user=user).filter(name=name).values_list("pk", flat=True).first()
+    return (CLOSE_NOT_FOUND, None) if cluster_id is None else (0, cluster_id)
+
+
+def _access_lost(session_key: str | None, user_id: int, cluster_id: int | None) -> int | None:
+    """The close code once this login has ended or no longer shows the cluster; else None."""
+    user = session_user(session_key=session_key)
+    if user is None or user.pk != user_id:
+        return CLOSE_UNAUTHENTICATED
+    if not clusters_visible(user=user).filter(pk=cluster_id).exists():
+        return CLOSE_FORBIDDEN
+    return None
 
 
 def _snapshot(cluster_id: int) -> tuple[int, list]:

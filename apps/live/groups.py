@@ -1,5 +1,7 @@
 """Names of Channels groups and of the live feed's Redis keys, built in one place."""
 
+import hashlib
+
 from django.conf import settings
 
 
@@ -10,6 +12,17 @@ def dirty_nodes_key() -> str:
 
 def cluster_group(cluster_id: int) -> str:
     return f"cluster-{cluster_id}"
+
+
+def user_group(user_id: int) -> str:
+    """Every live socket of one user: told when a role of theirs is removed."""
+    return f"user-{user_id}"
+
+
+def session_group(session_key: str) -> str:
+    """Every live socket of one login (session): told when it ends. The key is hashed: group
+    names are Redis keys, and a session key there would be a login for whoever reads them."""
+    return f"session-{hashlib.sha256(session_key.encode()).hexdigest()[:32]}"
 
 
 def run_group(run_id: int) -> str:

@@ -49,10 +49,10 @@ def node_health_list(
     ]
 
 
-def session_user_id(*, session_key: str | None) -> int | None:
-    """The id of the user this session still authenticates, or None: the session is gone
-    (logout), expired, its user is inactive or deleted, or its password changed (session
-    hash). Django's own check, read-only (Django would also flush a stale session)."""
+def session_user(*, session_key: str | None) -> Any:
+    """The user this session still authenticates, or None: the session is gone (logout),
+    expired, its user is inactive or deleted, or its password changed (session hash).
+    Django's own check, read-only (Django would also flush a stale session)."""
     if not session_key:
         return None
     session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
@@ -66,4 +66,4 @@ def session_user_id(*, session_key: str | None) -> int | None:
     hashes = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
     if not stored or not any(constant_time_compare(stored, h) for h in hashes):
         return None
-    return user.pk
+    return user
