@@ -17,12 +17,12 @@ from apps.commands import services
 from apps.commands.choices import REASON_MAX_LENGTH, CommandKind, CommandState
 from apps.commands.longpoll import REDIRECTS_HEADER
 from apps.commands.longpoll_wsgi import longpoll_redirect, poll_sync
+from apps.commands.plan import run_plan
 from apps.commands.selectors import (
     command_get,
     command_handed_to,
     command_json,
     command_list,
-    run_plan,
 )
 from apps.core import bounds
 from apps.core.auth import COMMAND_NOT_OURS, NODE_NOT_OURS, agent_auth
@@ -143,10 +143,21 @@ class PlanCheckpoint(Schema):
     tier: Literal["durable"]
 
 
+class PlanSkipped(Schema):
+    step: int
+    path: str | None
+    why: str
+
+
 class PlanOut(Schema):
     run: str
     checkpoint: PlanCheckpoint | None
     nodes: list[str]
+    skipped: list[PlanSkipped] = Field(
+        default_factory=list,
+        description="newer durable checkpoints passed over (ranks disagree, a rank failed or "
+        "is unfinished, one node's claim), newest first: shown, never used",
+    )
 
 
 @router.post(

@@ -101,7 +101,7 @@ class CommandForm(forms.Form):
 
 
 def resume_initial(plan: dict[str, Any]) -> dict[str, Any]:
-    """The resume form pre-filled from the run plan (apps.commands.selectors.run_plan)."""
+    """The resume form pre-filled from the run plan (apps.commands.plan.run_plan)."""
     checkpoint = plan.get("checkpoint") or {}
     return {
         "checkpoint": checkpoint.get("path") or "",

@@ -11,8 +11,9 @@ from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
 from apps.commands.choices import CommandKind
 from apps.commands.forms import CommandForm, resume_initial
+from apps.commands.plan import run_plan
 from apps.commands.rows import command_row
-from apps.commands.selectors import command_list, run_plan
+from apps.commands.selectors import command_list
 from apps.runs.models import Run
 
 PAGE_COMMANDS = 50  # newest first; the API lists more

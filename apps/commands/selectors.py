@@ -8,7 +8,6 @@ from typing import Any
 from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
 from apps.commands.choices import DELIVERED_KINDS, CommandState
 from apps.commands.models import Command, CommandTransition
@@ -115,33 +114,6 @@ def node_runs(*, node: Node) -> list[Run]:
         .filter(served)
         .order_by("name")
     )
-
-
-def run_plan(*, run: Run) -> dict[str, Any]:
-    """The contract's plan: the newest durable checkpoint, and the nodes that served the run
-    that are healthy (active: not cordoned, draining or down)."""
-    event = (
-        RunEvent.objects.filter(
-            run=run, kind="checkpoint", data__tier="durable", data__state="completed"
-        )
-        .order_by("-ts")
-        .first()
-    )
-    checkpoint = (
-        {"step": event.step, "path": event.data.get("path"), "tier": "durable"} if event else None
-    )
-    nodes: list[str] = []
-    if run.last_step is not None:
-        served = StepReport.objects.filter(
-            run_id=run.pk, node_id=OuterRef("pk"), step__gt=run.last_step - NODES_STEPS
-        )
-        nodes = list(
-            Node.objects.filter(cluster_id=run.cluster_id, state=NodeState.ACTIVE)
-            .filter(Exists(served))
-            .order_by("name")
-            .values_list("name", flat=True)
-        )
-    return {"run": run.name, "checkpoint": checkpoint, "nodes": nodes}
 
 
 @dataclass

@@ -188,7 +188,9 @@ def test_a_failed_checkpoint_event_fails_the_command(live_stack, world):
 
 
 def test_the_plan_names_the_durable_checkpoint_and_the_healthy_nodes(live_stack, world):
+    # both nodes' ranks report it: one node's claim alone is not used (test_plan_quorum)
     checkpoint_event(world.run, world.node1, step=90, rank=0, tier="durable", state="completed")
+    checkpoint_event(world.run, world.node2, step=90, rank=2, tier="durable", state="completed")
     checkpoint_event(world.run, world.node1, step=100, rank=0, tier="local", state="completed")
     Node.objects.filter(pk=world.node2.pk).update(state="cordoned")
     with client(live_stack, world.agent_secret) as agent:
@@ -198,5 +200,6 @@ def test_the_plan_names_the_durable_checkpoint_and_the_healthy_nodes(live_stack,
         "run": "run-1",
         "checkpoint": {"step": 90, "path": "/ckpt/step-90", "tier": "durable"},
         "nodes": ["node-01"],
+        "skipped": [],
     }
     assert missing.status_code == 404

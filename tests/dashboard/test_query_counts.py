@@ -26,10 +26,12 @@ def xid_alerts(cluster, nodes: int) -> None:
 # Pinned: a change here is a change in how the page reads (session and user included).
 PAGES = {
     "overview": ("/clusters/{c}/", 10),  # + ended runs, the detectors' last pass, runs per node
-    # + its commands, the plan (2); a chunk probe each for the run's first report and the
-    # checksum table (step reports older than the raw window live in chunks). 22, not 25:
-    # the heat-map (its history plan, cells and rank places) is fetched after load
-    "run": ("/clusters/{c}/runs/" + RUN + "/", 22),
+    # + its commands, the plan (4: its newest checkpoints' events, the reports around the
+    # newest, raw and a chunk probe, to see that the ranks agree on it; its nodes); a chunk
+    # probe each for the run's first report and the checksum table (step reports older than
+    # the raw window live in chunks). 24, not 27: the heat-map (its history plan, cells and
+    # rank places) is fetched after load
+    "run": ("/clusters/{c}/runs/" + RUN + "/", 24),
     "node": ("/clusters/{c}/nodes/node-00/", 20),  # + its commands, its runs and ranks
     "alerts": ("/alerts/?cluster={c}", 5),
 }

@@ -17,7 +17,8 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.clusters.services import token_issue
-from apps.commands.selectors import checkpoint_ranks, run_plan, run_serving_node_names
+from apps.commands.plan import run_plan
+from apps.commands.selectors import checkpoint_ranks, run_serving_node_names
 from apps.dashboard.selectors.runs import checksum_agreement, run_began
 from apps.history.selectors import run_rank_history
 from apps.history.services import history_prune, rollups_refresh

@@ -15,7 +15,8 @@ from apps.audit.services import audit_record
 from apps.clusters.models import Cluster, Node
 from apps.commands.choices import NODE_KINDS, RUN_KINDS, CommandKind, CommandState
 from apps.commands.models import Command, CommandTransition
-from apps.commands.selectors import commands_pending, run_plan
+from apps.commands.plan import run_plan
+from apps.commands.selectors import commands_pending
 from apps.commands.services.core import CommandConflict, command_create, command_transition
 from apps.commands.services.nodes import HookFailed, node_cordon, node_uncordon
 from apps.commands.wakeups import commands_wake_on_commit
