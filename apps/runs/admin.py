@@ -9,6 +9,7 @@ class RunAdmin(ClusterScopedAdmin):
     list_display = ["name", "cluster", "state", "last_step", "world_size", "last_step_at"]
     list_filter = ["cluster", "state"]
     search_fields = ["name"]
+    ordering = ["cluster__name", "name"]  # the changelist, raw-id popups and autocomplete
     # Kept by ingest and the commands' services (a stop ends the run, a resume restarts it):
     # set here, a state would skip the audit log and the run's commands.
     readonly_fields = ["state", "ended_at", "end_message", "first_step", "last_step",
