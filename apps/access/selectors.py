@@ -50,6 +50,16 @@ def clusters_administered(*, user: Any) -> QuerySet[Cluster]:
     return Cluster.objects.filter(roles__user=user, roles__role__in=ROLES_FOR_ACTION["administer"])
 
 
+def clusters_allowing(*, user: Any, action: str) -> QuerySet[Cluster]:
+    """The clusters where `user` may `action` ("view", "operate", "administer"): every
+    cluster for an active superuser, none for an anonymous or inactive user."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return Cluster.objects.none()
+    if user.is_superuser:
+        return Cluster.objects.all()
+    return Cluster.objects.filter(roles__user=user, roles__role__in=ROLES_FOR_ACTION[action])
+
+
 def user_token_authenticate(*, secret: str) -> UserToken | None:
     """The live (not revoked) personal token with this secret, with its active user."""
     if not secret.startswith(USER_TOKEN_PREFIX):

@@ -57,6 +57,21 @@ def _send_revoked(user_id: int, cluster_id: int) -> None:
                          exc_info=outcome)  # fmt: skip
 
 
+def role_move(
+    *, grant: ClusterRole, user: Any, role: str, actor: Any = None, request: Any = None
+) -> ClusterRole:
+    """Give the grant's role on its cluster to `user` instead (as `role`): the old holder's
+    access ends (a revoke, audited) and the new holder's begins (a grant, audited), in one
+    transaction. The same user: a plain grant of `role`."""
+    with transaction.atomic():
+        rows = ClusterRole.objects.select_for_update(of=("self",))
+        held = rows.select_related("user", "cluster").get(pk=grant.pk)
+        if held.user_id != user.pk:
+            role_revoke(user=held.user, cluster=held.cluster, actor=actor, request=request)
+        return role_grant(user=user, cluster=held.cluster, role=role, actor=actor,
+                          request=request)  # fmt: skip
+
+
 def user_token_issue(
     *, user: Any, name: str = "", actor: Any = None, request: Any = None
 ) -> tuple[UserToken, str]:

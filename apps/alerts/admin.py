@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from apps.access.admin_scoping import ADMINISTERED, ClusterScopedAdmin
 from apps.alerts.models import (
     Alert,
     ClusterDetectorConfig,
@@ -9,7 +10,7 @@ from apps.alerts.models import (
 
 
 @admin.register(Alert)
-class AlertAdmin(admin.ModelAdmin):
+class AlertAdmin(ClusterScopedAdmin):
     list_display = ["opened_at", "kind", "severity", "state", "cluster", "subject", "summary"]
     list_filter = ["state", "severity", "kind", "cluster"]
     search_fields = ["subject", "summary"]
@@ -34,12 +35,15 @@ class WebhookDeliveryInline(admin.TabularInline):
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(admin.ModelAdmin):
+class WebhookEndpointAdmin(ClusterScopedAdmin):
+    """A cluster's webhooks, for its admins (a Slack URL is a secret)."""
+
+    scope_roles = ADMINISTERED
     list_display = ["url", "cluster", "format", "active", "created_at"]
     list_filter = ["format", "active", "cluster"]
     inlines = [WebhookDeliveryInline]
 
 
 @admin.register(ClusterDetectorConfig)
-class ClusterDetectorConfigAdmin(admin.ModelAdmin):
+class ClusterDetectorConfigAdmin(ClusterScopedAdmin):
     list_display = ["cluster", "paused", "overrides"]

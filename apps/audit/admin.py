@@ -3,10 +3,12 @@ from django.contrib import admin
 from apps.audit.models import AuditEntry
 
 
-@admin.register(AuditEntry)
 class AuditEntryAdmin(admin.ModelAdmin):
     """Read only: the table refuses UPDATE and DELETE (a trigger), so the admin offers
-    neither; entries are written by apps.audit.services.audit_record."""
+    neither; entries are written by apps.audit.services.audit_record.
+
+    Registered by apps.access.admin, scoped to the clusters the user administers (as the
+    audit API): the cluster roles sit above this app in the import layers."""
 
     list_display = ["at", "actor_kind", "actor_name", "action", "cluster_name", "target",
                     "outcome"]  # fmt: skip

@@ -1,7 +1,8 @@
 """The commands' admin, and the node and run admins' actions.
 
 Node (apps.clusters) and Run (apps.runs) sit below commands in the import layers, so their
-admins gain their actions here: this module re-registers them with the actions added. Each
+admins gain their actions here: this module registers Node's (scoped by cluster roles here:
+apps.clusters sits below apps.access) and re-registers Run's with the actions added. Each
 action asks for a reason on a confirmation page (Django's delete-confirmation pattern) and
 then issues a command through apps.commands.services.command_issue as the admin user, the
 API's own path: the role check, the audit entry (allowed or denied), the scheduler hook."""
@@ -19,8 +20,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from apps.access.admin_scoping import ClusterAdministeredAdmin
-from apps.access.selectors import clusters_visible
+from apps.access.admin_scoping import ADMINISTERED, SUPERUSERS_ONLY, ClusterScopedAdmin
 from apps.audit.services import audit_record
 from apps.clusters.admin import NodeAdmin
 from apps.clusters.models import Node
@@ -46,7 +46,7 @@ class TransitionInline(admin.TabularInline):
 
 
 @admin.register(Command)
-class CommandAdmin(admin.ModelAdmin):
+class CommandAdmin(ClusterScopedAdmin):
     """Read-only: commands are issued and moved only through apps.commands.services."""
 
     list_display = ["issued_at", "cluster", "kind", "run", "node", "state", "issued_by"]
@@ -64,19 +64,12 @@ class CommandAdmin(admin.ModelAdmin):
 
 
 @admin.register(ClusterHooks)
-class ClusterHooksAdmin(admin.ModelAdmin):
+class ClusterHooksAdmin(ClusterScopedAdmin):
     """Superusers only: a hook is a program the server runs, so configuring one is running
     code on the Opsboard host, a power above any one cluster's admin. Changes are audited."""
 
+    scope_roles = SUPERUSERS_ONLY
     list_display = ["cluster", "cordon_argv", "uncordon_argv", "drain_argv", "timeout_s"]
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return request.user.is_active and request.user.is_superuser
-
-    def has_view_permission(self, request: HttpRequest, obj=None) -> bool:
-        return self.has_module_permission(request)
-
-    has_add_permission = has_change_permission = has_delete_permission = has_view_permission
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
@@ -89,8 +82,11 @@ class ClusterHooksAdmin(admin.ModelAdmin):
 
 
 @admin.register(AutoCordonPolicy)
-class AutoCordonPolicyAdmin(ClusterAdministeredAdmin):
-    """A cluster's auto-cordon policy (off unless `enabled`); every change is audited."""
+class AutoCordonPolicyAdmin(ClusterScopedAdmin):
+    """A cluster's auto-cordon policy (off unless `enabled`), for its admins; every change is
+    audited."""
+
+    scope_roles = ADMINISTERED
 
     list_display = ["cluster", "enabled", "on_ecc", "on_xid", "on_sdc"]
     list_filter = ["enabled"]
@@ -156,6 +152,9 @@ def command_action(
     """Confirm, then issue one `kind` command per selected node or run; the outcome of each
     is a message on the changelist."""
     objects = list(queryset.select_related("cluster").order_by("cluster__name", "name"))
+    if not objects:  # none of the selected rows is in the user's scope
+        modeladmin.message_user(request, "No selected item can be acted on.", messages.WARNING)
+        return None
     names = [obj.name for obj in objects]
     applying = request.POST.get("apply") == "yes"
     form = CommandActionForm(
@@ -213,13 +212,11 @@ def _action(kind: str, description: str):
     return admin.action(description=description, permissions=["view"])(action)
 
 
-admin.site.unregister(Node)
-
-
 @admin.register(Node)
-class NodeCommandAdmin(NodeAdmin):
+class NodeCommandAdmin(ClusterScopedAdmin, NodeAdmin):
     """The node admin with cordon, uncordon and drain. The node's state and cordon fields
-    are read-only: set here they would skip the audit log and the scheduler hook."""
+    are read-only: set here they would skip the audit log and the scheduler hook (the
+    actions go through command_issue, which calls node_cordon / node_uncordon)."""
 
     actions = [
         _action(CommandKind.CORDON, "Cordon the selected nodes"),
@@ -228,29 +225,17 @@ class NodeCommandAdmin(NodeAdmin):
     ]
     readonly_fields = ["state", "cordon_reason", "cordoned_at", "cordoned_by"]
 
-    def get_queryset(self, request):
-        return _visible(request, super().get_queryset(request))
-
 
 admin.site.unregister(Run)
 
 
 @admin.register(Run)
 class RunCommandAdmin(RunAdmin):
-    """The run admin with checkpoint now, stop and resume (from the run's plan)."""
+    """The run admin (scoped in apps.runs.admin) with checkpoint now, stop and resume (from
+    the run's plan)."""
 
     actions = [
         _action(CommandKind.CHECKPOINT, "Checkpoint the selected runs now"),
         _action(CommandKind.STOP, "Stop the selected runs"),
         _action(CommandKind.RESUME, "Resume the selected runs (from their plan)"),
     ]
-
-    def get_queryset(self, request):
-        return _visible(request, super().get_queryset(request))
-
-
-def _visible(request: HttpRequest, queryset: QuerySet) -> QuerySet:
-    """Staff see the nodes and runs of the clusters they hold a role in (a superuser: all)."""
-    if request.user.is_superuser:
-        return queryset
-    return queryset.filter(cluster__in=clusters_visible(user=request.user))

@@ -1,6 +1,7 @@
 from django.contrib import admin, messages
 from django.db import transaction
 
+from apps.access.admin_scoping import ADMINISTERED, ClusterScopedAdmin
 from apps.ingest.models import PayloadError, QuarantinedBatch
 from apps.ingest.services import batches_release
 
@@ -8,9 +9,12 @@ BODY_PREVIEW_CHARS = 4000
 
 
 @admin.register(QuarantinedBatch)
-class QuarantinedBatchAdmin(admin.ModelAdmin):
-    """The batches the worker could not store, with why; release them after a fix."""
+class QuarantinedBatchAdmin(ClusterScopedAdmin):
+    """The batches the worker could not store, with why; release them after a fix. For the
+    admins of the batch's cluster (the bodies are what the agents sent)."""
 
+    cluster_path = "token__cluster"
+    scope_roles = ADMINISTERED
     list_display = ["id", "cluster", "node", "batch_id", "received_at", "quarantined_at", "error"]
     list_filter = ["token__cluster"]
     search_fields = ["batch_id", "node", "error"]
@@ -41,7 +45,9 @@ class QuarantinedBatchAdmin(admin.ModelAdmin):
 
     def has_release_permission(self, request) -> bool:
         # the form stays read-only; releasing is the one change, under the change permission
-        return request.user.has_perm("ingest.change_quarantinedbatch")
+        return request.user.has_perm("ingest.change_quarantinedbatch") and self.scope_allows(
+            request, "change"
+        )
 
     @admin.display(ordering="token__cluster__name")
     def cluster(self, obj) -> str:
@@ -57,6 +63,7 @@ class QuarantinedBatchAdmin(admin.ModelAdmin):
 
     @admin.action(description="Retry: release from quarantine and enqueue", permissions=["release"])
     def release(self, request, queryset) -> None:
+        ids = list(self.scope_queryset(request, queryset, "change").values_list("id", flat=True))
         with transaction.atomic():
-            released = batches_release(ids=list(queryset.values_list("id", flat=True)))
+            released = batches_release(ids=ids)
         self.message_user(request, f"{len(released)} batch(es) enqueued again", messages.SUCCESS)

@@ -95,3 +95,23 @@ def test_hooks_are_for_superusers_and_their_changes_are_audited(clusters, cluste
     assert ClusterHooks.objects.get(cluster=ours).cordon_argv[0] == "scontrol"
     entry = AuditEntry.objects.get(action="hooks.configure")
     assert entry.outcome == "succeeded" and entry.detail["cordon_argv"][0] == "scontrol"
+
+
+def test_changing_a_roles_user_moves_the_role(clusters, cluster_admin):
+    ours, _ = clusters
+    users = get_user_model().objects
+    sam, tom = users.get(username="sam"), users.create_user("tom")
+    grant = role_grant(user=sam, cluster=ours, role="operator")
+    saved = cluster_admin.post(
+        f"/admin/access/clusterrole/{grant.pk}/change/", {"user": tom.pk, "role": "viewer"}
+    )
+    assert saved.status_code == 302
+    assert not ClusterRole.objects.filter(user=sam, cluster=ours).exists()  # sam's access ends
+    assert ClusterRole.objects.get(user=tom, cluster=ours).role == "viewer"
+    assert ClusterRole.objects.get(user=sam).cluster.name == "theirs"  # elsewhere untouched
+    entries = AuditEntry.objects.filter(cluster_id=ours.pk).order_by("id")
+    assert [(e.action, e.target) for e in entries][-2:] == [
+        ("role.revoke", "user:sam"),
+        ("role.grant", "user:tom"),
+    ]
+    assert entries.last().actor_name == "ada"
