@@ -86,12 +86,6 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the training command")
 
 
-def expired(command: Command, now: float | None = None) -> bool:
-    """Past the server's `expires_at` (epoch seconds) by this node's clock."""
-    limit = command.expires_at
-    return isinstance(limit, int | float) and (time.time() if now is None else now) >= limit
-
-
 @dataclass
 class _Start:
     """A resume's start, handed to the main thread (the one thread that starts jobs: the
@@ -235,7 +229,7 @@ class Supervisor:
     # -- commands ------------------------------------------------------------------------
 
     def handle(self, command: Command) -> None:
-        if expired(command):
+        if command.expired():
             self.poller.ack(command, "failed", "expired before it could be carried out")
             return
         self.poller.ack(command, "accepted")
@@ -280,14 +274,18 @@ class Supervisor:
         with self._lock:
             if self._closing.is_set():
                 answer = ("failed", SHUTTING_DOWN)
-            elif expired(request.command):
+            elif request.command.expired():
                 answer = ("failed", "expired before it could be carried out")
             elif self.running():
                 answer = ("failed", "the job is still running; stop it first")
             else:
-                proc = self.start(request.env)
-                self.restarts += 1
-                answer = ("succeeded", str(proc.pid))
+                try:
+                    proc = self.start(request.env)
+                except (OSError, subprocess.SubprocessError) as exc:  # the job cannot start
+                    answer = ("failed", f"cannot start the command: {exc}"[:1000])
+                else:
+                    self.restarts += 1
+                    answer = ("succeeded", str(proc.pid))
         request.answer.set_result(answer)
 
     def resume_target(self, command: Command) -> tuple[str | None, int | None, list[str]]:
