@@ -207,3 +207,21 @@ def test_a_stop_that_leaves_a_process_fails_naming_it(stub, tmp_path, supervisor
     wait_until(lambda: not scan(mark, exclude={supervisor.pid}), 10, "the process to die")
     again = stub.issue("stop", run="run-1")
     stub.wait_for(lambda: stub.states[again] == "succeeded", 30, "the second stop")
+
+
+@pytest.mark.timeout(120)
+def test_a_job_that_exits_leaving_a_process_behind_is_ended_with_it(stub, tmp_path, supervisors):
+    """The job's first process exits 3 while a process it started in a session of its own
+    (ignoring SIGTERM) lives on: the supervisor ends that one too, then exits 3."""
+    mark = f"opsboard-mark-{uuid.uuid4().hex}"
+    leaving = PARENT.replace("while True:\n    time.sleep(1)", "time.sleep(1)\nsys.exit(3)")
+    (tmp_path / "parent.py").write_text(leaving)
+    out = tmp_path / "child-pid"
+    job = [sys.executable, str(tmp_path / "parent.py"), str(out), mark]
+    supervisor = start_supervisor(stub.url, tmp_path, job, mark=mark, grace=1, kill_wait=5)
+    supervisors(supervisor)
+    wait_until(out.exists, 60, "the job's second process")
+    left = int(out.read_text())
+    assert supervisor.wait(60) == 3
+    assert scan(mark, exclude={supervisor.pid}) == []
+    assert not psutil.pid_exists(left) or psutil.Process(left).status() == psutil.STATUS_ZOMBIE
