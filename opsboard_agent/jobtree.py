@@ -223,7 +223,8 @@ def describe(process: psutil.Process) -> str:
 def survivors_text(survivors: list[str]) -> str:
     named = ", ".join(survivors[:NAMED_MAX])
     more = f" and {len(survivors) - NAMED_MAX} more" if len(survivors) > NAMED_MAX else ""
-    return f"{len(survivors)} processes of the job survived SIGKILL: {named}{more}"
+    count = f"{len(survivors)} process{'' if len(survivors) == 1 else 'es'}"
+    return f"{count} of the job survived SIGKILL: {named}{more}"
 
 
 def reap_children(keep: Iterable[int]) -> None:

@@ -197,7 +197,7 @@ def test_a_stop_that_leaves_a_process_fails_naming_it(stub, tmp_path, supervisor
     detail = stub.acks_of(stop)[-1]["detail"]
     print(f"stop acked {stub.states[stop]}: {detail}")
     assert stub.states[stop] == "failed"
-    assert f"pid {stuck.pid} ({stuck.name()})" in detail and "1 processes" in detail
+    assert f"pid {stuck.pid} ({stuck.name()})" in detail and detail.startswith("1 process of")
     assert [p.pid for p in scan(mark, exclude={supervisor.pid})] == [stuck.pid]
     resume = stub.issue("resume", run="run-1", checkpoint="/c/step-1", nodes=["a"])
     stub.wait_for(lambda: stub.states[resume] == "failed", 30, "the resume refused")
