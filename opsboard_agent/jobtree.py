@@ -136,11 +136,18 @@ def cgroup_kill(group: Path) -> bool:
     return True
 
 
-def cgroup_remove(group: Path) -> None:
-    """Remove the group (and any sub-groups) once empty; a group still in use is left."""
-    for directory, _, _ in sorted(os.walk(group), key=lambda entry: -len(entry[0])):
-        with contextlib.suppress(OSError):
-            os.rmdir(directory)
+def cgroup_remove(group: Path, wait_s: float = 0.0) -> bool:
+    """Remove the group (and any sub-groups) once empty, waiting up to `wait_s` seconds for
+    it to empty (a killed process stays in it until its parent reaps it: after a supervisor's
+    death, init); a group still in use is left. True when it is gone."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for directory, _, _ in sorted(os.walk(group), key=lambda entry: -len(entry[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        if not group.exists() or time.monotonic() >= deadline:
+            return not group.exists()
+        time.sleep(POLL_S * 2)
 
 
 # -- the job -----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from pathlib import Path
 from opsboard_agent.jobtree import Job, cgroup_remove, survivors_text
 
 log = logging.getLogger("opsboard_agent.jobwatch")
+CGROUP_EMPTY_WAIT_S = 10.0
 
 
 def start(
@@ -73,8 +74,8 @@ def main(argv: list[str]) -> int:
     if job.processes():
         log.warning("the supervisor is gone; ending job %s", args.job_id)
     survivors, _ = job.end(grace=args.grace, kill_wait=args.kill_wait, reap=lambda: None)
-    if args.cgroup is not None:
-        cgroup_remove(args.cgroup)
+    if args.cgroup is not None and not cgroup_remove(args.cgroup, wait_s=CGROUP_EMPTY_WAIT_S):
+        log.warning("cgroup %s is still in use; left in place", args.cgroup)
     if survivors:
         log.error("%s", survivors_text(survivors))
         return 1

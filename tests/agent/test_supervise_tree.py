@@ -66,6 +66,16 @@ def cgroups_here() -> bool:
     return True
 
 
+def job_cgroups(processes) -> set[Path]:
+    """The directories of the unified-hierarchy cgroups `processes` are in."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[fields.index("-") + 1] == "cgroup2":
+            mount = Path(fields[4]) / fields[3].lstrip("/")
+            return {mount / process.cgroup.lstrip("/") for process in processes}
+    return set()
+
+
 def start_torchrun(stub, tmp_path: Path, mark: str, *, grace: float, options=()):
     (tmp_path / "worker.py").write_text(WORKER)
     (tmp_path / "ready").mkdir()
@@ -115,6 +125,9 @@ def test_a_stop_ends_every_process_of_a_stuck_torchrun_job(stub, tmp_path, super
     assert "killed after 3 s grace" in detail
     assert after == []
     assert supervisor.poll() is None  # it stays, waiting for a resume
+    if cgroups_here():
+        (group,) = job_cgroups(before)
+        wait_until(lambda: not group.exists(), 15, f"{group} to be removed")
 
 
 @pytest.mark.timeout(400)
@@ -145,6 +158,9 @@ def test_the_job_dies_with_a_supervisor_killed_by_sigkill(stub, tmp_path, superv
         15,
         "the watchdog to exit",
     )
+    if "--no-cgroup" not in options and cgroups_here():
+        (group,) = job_cgroups(before)
+        assert not group.exists()  # the watchdog removed it before it exited
 
 
 # The job's first process starts a second in a session of its own; both ignore SIGTERM.
