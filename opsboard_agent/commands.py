@@ -69,6 +69,12 @@ class Command:
     issued_at: float | None = None
     expires_at: float | None = None
 
+    def expired(self, now: float | None = None) -> bool:
+        """Past the server's `expires_at` (epoch seconds) by this node's clock: not to be
+        carried out any more."""
+        limit = self.expires_at
+        return isinstance(limit, int | float) and (time.time() if now is None else now) >= limit
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Command:
         return cls(

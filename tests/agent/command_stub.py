@@ -43,11 +43,20 @@ class CommandStub:
         loopback.routes["/api/v1/commands"] = self._poll
         loopback.routes["/api/v1/ingest"] = self._ingest
 
-    def issue(self, kind: str, *, run: str | None = None, node: str | None = None, **args: Any):
+    def issue(
+        self,
+        kind: str,
+        *,
+        run: str | None = None,
+        node: str | None = None,
+        expires_in: float = 600,
+        **args: Any,
+    ):
+        """`expires_in`: seconds from now to the command's `expires_at` (negative: past)."""
         command_id = str(uuid.uuid4())
         now = time.time()
         command = {"id": command_id, "kind": kind, "run": run, "node": node, "args": args}
-        command.update(issued_at=now, expires_at=now + 600)
+        command.update(issued_at=now, expires_at=now + expires_in)
         self.loopback.routes[f"/api/v1/commands/{command_id}/ack"] = self._ack
         with self.changed:
             self.commands[command_id] = command
