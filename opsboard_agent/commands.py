@@ -98,13 +98,17 @@ class CommandClient:
         # Where polls go after a redirect (the server's long-poll port); None: `server`.
         self.poll_server: str | None = None
 
-    def poll(self, *, node: str, wait: float, kinds: Collection[str] = ()) -> list[Command]:
+    def poll(
+        self, *, node: str, wait: float, kinds: Collection[str] = (), run: str | None = None
+    ) -> list[Command]:
         """`kinds` (an optional extra parameter, ignored by servers that do not know it):
         ask only for these, so that two pollers on one node do not take each other's."""
         wait = max(0.0, min(wait, MAX_WAIT))
         params = {"node": node, "wait": f"{wait:g}"}
         if kinds:
             params["kinds"] = ",".join(sorted(kinds))
+        if run:
+            params["run"] = run
         query = urlencode(params)
         status, body = self._poll_request(f"{COMMANDS_PATH}?{query}", timeout=wait + 15)
         if status != 200:
@@ -267,7 +271,7 @@ class CommandPoller:
 
     def poll_once(self) -> int:
         """One long poll; returns how many new commands were handed to the handler."""
-        commands = self.client.poll(node=self.node, wait=self.wait, kinds=self.kinds)
+        commands = self.client.poll(node=self.node, wait=self.wait, kinds=self.kinds, run=self.run)
         fresh = 0
         for command in commands:
             if not self._wanted(command):

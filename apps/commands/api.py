@@ -101,7 +101,12 @@ class CommandIn(Schema):
 
 class CommandsQuery(Schema):
     node: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
-    run: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
+    run: str | None = Field(
+        default=None,
+        max_length=NAME_MAX_LENGTH,
+        description="users: this run's commands; agents: only this run's commands are handed "
+        "to this poll, others stay for the poller of their run (two runs on one node)",
+    )
     state: State | None = None
     wait: float = Field(
         default=0, ge=0, le=WAIT_MAX_S, description="agents: hold the poll up to this long"
@@ -248,7 +253,11 @@ def commands(
     if query.wait > 0 and (redirect := longpoll_redirect(request, follows=follows)) is not None:
         return redirect
     handed = poll_sync(
-        cluster_id=token.cluster_id, node_name=query.node, kinds=query.kind_set, wait=query.wait
+        cluster_id=token.cluster_id,
+        node_name=query.node,
+        kinds=query.kind_set,
+        wait=query.wait,
+        run=query.run,
     )
     return {"commands": handed}
 

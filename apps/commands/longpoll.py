@@ -62,11 +62,13 @@ T = TypeVar("T")
 
 
 def deliver_json(
-    *, cluster_id: int, node_name: str, kinds: Collection[str] | None
+    *, cluster_id: int, node_name: str, kinds: Collection[str] | None, run: str | None = None
 ) -> list[dict[str, Any]]:
     """Hand out the node's pending commands (apps.commands.services.commands_deliver) and
     answer them as the API does."""
-    handed = services.commands_deliver(cluster_id=cluster_id, node_name=node_name, kinds=kinds)
+    handed = services.commands_deliver(
+        cluster_id=cluster_id, node_name=node_name, kinds=kinds, run=run
+    )
     return [command_json(command_get(command_id=command.pk)) for command in handed]
 
 
@@ -247,6 +249,7 @@ async def poll_async(
     kinds: Collection[str] | None,
     wait: float,
     receive: Callable | None = None,
+    run: str | None = None,
 ) -> list[dict[str, Any]] | None:
     """Serve a long-poll as a coroutine: the commands handed out, or None when the client
     went away first (ASGI `receive` said so: nothing is handed out to a closed connection)."""
@@ -257,7 +260,7 @@ async def poll_async(
     with hub.waiting(wake_channel(cluster_id, node_name), kinds) as waiter:
         watcher = asyncio.create_task(_disconnected(receive, waiter)) if receive else None
         try:
-            return await _held(waiter, cluster_id, node_name, kinds, deadline)
+            return await _held(waiter, cluster_id, node_name, kinds, deadline, run)
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -269,6 +272,7 @@ async def _held(
     node_name: str,
     kinds: Collection[str] | None,
     deadline: float,
+    run: str | None = None,
 ) -> list[dict[str, Any]] | None:
     loop = asyncio.get_running_loop()
     hub, channel = wake_hub(), wake_channel(cluster_id, node_name)
@@ -278,7 +282,7 @@ async def _held(
         handed = []
         if look:
             handed = await _db(
-                deliver_json, cluster_id=cluster_id, node_name=node_name, kinds=kinds
+                deliver_json, cluster_id=cluster_id, node_name=node_name, kinds=kinds, run=run
             )
         look = True
         remaining = deadline - loop.time()
@@ -345,6 +349,7 @@ class LongPollApp:
                 kinds=query.kind_set,
                 wait=query.wait,
                 receive=receive,
+                run=query.run,
             )
         except DatabaseError:
             return 503, _errors("", "database unavailable, retry later")

@@ -37,7 +37,12 @@ def longpoll_redirect(request: HttpRequest, *, follows: bool) -> HttpResponse | 
 
 
 def poll_sync(
-    *, cluster_id: int, node_name: str, kinds: Collection[str] | None, wait: float
+    *,
+    cluster_id: int,
+    node_name: str,
+    kinds: Collection[str] | None,
+    wait: float,
+    run: str | None = None,
 ) -> list[dict[str, Any]]:
     """Serve a long-poll in this thread: woken by the node's wake channel, the database
     looked at again every COMMANDS_RECHECK_S (every COMMANDS_POLL_INTERVAL_S while Redis is
@@ -47,7 +52,7 @@ def poll_sync(
     pubsub = _subscribe_sync(wake_channel(cluster_id, node_name)) if wait > 0 else None
     try:
         while True:
-            handed = deliver_json(cluster_id=cluster_id, node_name=node_name, kinds=kinds)
+            handed = deliver_json(cluster_id=cluster_id, node_name=node_name, kinds=kinds, run=run)
             remaining = deadline - time.monotonic()
             if handed or remaining <= 0:
                 return handed

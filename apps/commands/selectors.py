@@ -42,20 +42,28 @@ def _deliverable(*, stale: datetime, kinds: Collection[str] | None = None) -> Qu
 
 
 def commands_pending(
-    *, cluster_id: int, node_name: str, stale: datetime, kinds: Collection[str] | None = None
+    *,
+    cluster_id: int,
+    node_name: str,
+    stale: datetime,
+    kinds: Collection[str] | None = None,
+    run: str | None = None,
 ) -> list[Command]:
     """The live commands an agent polling as `node_name` should get, oldest first: those
     addressed to the node, and those of a run it serves that name no node. Issued ones, and
-    delivered ones last handed out before `stale`; only `kinds` when given."""
+    delivered ones last handed out before `stale`; only `kinds` when given, and only those
+    of the run named `run` when given (a poller serving one run of a shared node)."""
     served = _served(
         run_ref="run_id",
         last_step_ref="run__last_step",
         node__name=node_name,
         node__cluster_id=cluster_id,
     )
+    deliverable = _deliverable(stale=stale, kinds=kinds)
+    if run is not None:
+        deliverable = deliverable.filter(run__name=run)
     return list(
-        _deliverable(stale=stale, kinds=kinds)
-        .filter(cluster_id=cluster_id)
+        deliverable.filter(cluster_id=cluster_id)
         .filter(Q(node__name=node_name) | Q(node__isnull=True, run__isnull=False) & served)
         .select_related("run", "node")
         .order_by("issued_at")

@@ -150,17 +150,24 @@ def _carry_out(*, command: Command, node: Node, audit: dict[str, Any]) -> Comman
 
 
 def commands_deliver(
-    *, cluster_id: int, node_name: str, kinds: Collection[str] | None = None
+    *,
+    cluster_id: int,
+    node_name: str,
+    kinds: Collection[str] | None = None,
+    run: str | None = None,
 ) -> list[Command]:
     """The commands pending for the node that this call hands out: issued ones become
     delivered; delivered ones unacknowledged for COMMANDS_REDELIVER_AFTER_S go out again (an
     agent restarted or lost the answer). Racing polls hand each out once: a conditional
     UPDATE decides. With `kinds`, commands of other kinds are left as they are (a second
-    poller on the node takes them)."""
+    poller on the node takes them); with `run`, so are other runs' commands (two runs may
+    share a node: each one's poller takes only its own)."""
     now = timezone.now()
     stale = now - timedelta(seconds=settings.COMMANDS_REDELIVER_AFTER_S)
     handed = []
-    pending = commands_pending(cluster_id=cluster_id, node_name=node_name, stale=stale, kinds=kinds)
+    pending = commands_pending(
+        cluster_id=cluster_id, node_name=node_name, stale=stale, kinds=kinds, run=run
+    )
     for command in pending:
         if command.state == CommandState.ISSUED:
             try:
