@@ -111,7 +111,9 @@ class Reporter:
         self._cuda_gpu: int | None = None
         self.shipper: Shipper | None = None
         self.commands: CommandPoller | None = None
-        self.checkpoints = CheckpointRequests(sync_every=checkpoint_sync_every)
+        self.checkpoints = CheckpointRequests(
+            sync_every=checkpoint_sync_every, world_size=world_size
+        )
         if not server or not token:
             log.warning("opsboard reporter disabled: no server or token configured")
             return
@@ -262,9 +264,14 @@ class Reporter:
         """True when the loop should save a checkpoint of `step` now. Every rank must call
         it at every step (it is a collective when torch.distributed is initialised and
         there is more than one rank); it answers the same on all of them. With
-        `checkpoint_sync_every` N > 1, only steps divisible by N are boundaries."""
-        if not self.enabled:
-            return False
+        `checkpoint_sync_every` N > 1, only steps divisible by N are boundaries. A rank
+        whose reporter is disabled still takes part (else the others would wait for it)."""
+        refused = self.checkpoints.unagreeable()
+        if refused is not None and self.commands is not None:
+            why, commands = refused
+            for command in commands:
+                if command is not None:
+                    self.commands.ack(command, "failed", why)
         target, answered = self.checkpoints.boundary(step, rank=self.rank)
         if target is None:
             return False

@@ -298,6 +298,13 @@ def command_ack(request: HttpRequest, command_id: uuid.UUID, payload: AckIn):
         CommandKind.RESUME,
     ):
         raise FieldError(404, "command_id", "no such command")
+    if (
+        command.kind == CommandKind.CHECKPOINT
+        and payload.state == "accepted"
+        and payload.step is None
+    ):
+        # the step is what the server waits for: without it the command could only expire
+        raise FieldError(400, "step", "an accepted checkpoint names the step the ranks agreed on")
     token = request.agent_token
     if not token.is_cluster_wide and not any(
         token.acts_for(node) for node in command_handed_to(command=command)

@@ -68,7 +68,8 @@ def test_it_acknowledges_only_commands_handed_to_its_nodes(live_stack, world, no
         assert [c["id"] for c in agent.get("/api/v1/commands", params={"node": "node-01"}).json()[
             "commands"
         ]] == [mine]  # fmt: skip
-        assert agent.post(f"/api/v1/commands/{mine}/ack", json={"state": "accepted"}).is_success
+        accepted = {"state": "accepted", "step": 100}
+        assert agent.post(f"/api/v1/commands/{mine}/ack", json=accepted).is_success
     with client(live_stack, world.operator_secret) as operator:
         theirs = issue(operator, kind="stop", run="run-1").json()
     with client(live_stack, world.agent_secret) as other_node:

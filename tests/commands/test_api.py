@@ -203,3 +203,15 @@ def test_the_plan_names_the_durable_checkpoint_and_the_healthy_nodes(live_stack,
         "skipped": [],
     }
     assert missing.status_code == 404
+
+
+def test_an_accepted_checkpoint_without_its_step_is_refused_naming_step(live_stack, world):
+    with client(live_stack, world.operator_secret) as operator:
+        command_id = issue(operator, kind="checkpoint", run="run-1").json()["id"]
+    with client(live_stack, world.agent_secret) as agent:
+        refused = agent.post(f"/api/v1/commands/{command_id}/ack", json={"state": "accepted"})
+        assert refused.status_code == 400
+        assert refused.json()["errors"][0]["loc"] == "step"
+        assert Command.objects.get(pk=command_id).state == "issued"
+        with_step = {"state": "accepted", "step": 100}
+        assert agent.post(f"/api/v1/commands/{command_id}/ack", json=with_step).is_success
