@@ -25,7 +25,7 @@ class AgentTokenAdmin(admin.ModelAdmin):
         from apps.clusters.services import token_revoke
 
         for token in queryset:
-            token_revoke(token=token)
+            token_revoke(token=token, actor=request.user, request=request)
 
 
 @admin.register(Node)

@@ -1,12 +1,14 @@
 import hashlib
 import secrets
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.clusters.models import AgentToken, Cluster
+from apps.clusters.signals import agent_token_changed
 
 TOKEN_PREFIX = "obt_"
 
@@ -18,21 +20,44 @@ def token_digest(secret: str) -> str:
 
 
 @transaction.atomic
-def token_issue(*, cluster_name: str, name: str = "") -> tuple[AgentToken, str]:
+def token_issue(
+    *, cluster_name: str, name: str = "", actor: Any = None, request: Any = None
+) -> tuple[AgentToken, str]:
     """Create the cluster if needed and a new token; returns (token, secret).
 
-    The secret is returned once and never stored."""
+    The secret is returned once and never stored. Announced (agent_token_changed, in this
+    transaction: the audit log records it) as done by `actor` (None: the command line)."""
     cluster, _ = Cluster.objects.get_or_create(name=cluster_name)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = AgentToken.objects.create(
         cluster=cluster, name=name, prefix=secret[:10], digest=token_digest(secret)
     )
+    _announce("issue", token, actor, request)
     return token, secret
 
 
-def token_revoke(*, token: AgentToken) -> None:
-    AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+@transaction.atomic
+def token_revoke(*, token: AgentToken, actor: Any = None, request: Any = None) -> bool:
+    """Revoke the token (the next request with it is refused); False if it already was.
+    A revoke is announced like an issue."""
+    revoked = AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
         revoked_at=timezone.now()
+    )
+    if revoked:
+        _announce("revoke", token, actor, request)
+    return bool(revoked)
+
+
+def _announce(action: str, token: AgentToken, actor: Any, request: Any) -> None:
+    plain = {
+        "id": token.pk,
+        "name": token.name,
+        "prefix": token.prefix,
+        "cluster_id": token.cluster_id,
+        "cluster_name": token.cluster.name,
+    }
+    agent_token_changed.send(
+        sender=AgentToken, action=action, token=plain, actor=actor, request=request
     )
 
 

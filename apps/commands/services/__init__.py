@@ -2,6 +2,7 @@
 
 from apps.commands.services.core import (
     CommandConflict,
+    IdempotencyMismatch,
     command_advance,
     command_create,
     command_transition,
@@ -12,6 +13,7 @@ from apps.commands.services.issue import (
     command_ack,
     command_issue,
     commands_deliver,
+    idempotency_scope,
 )
 from apps.commands.services.nodes import HookFailed, hook_argv, node_cordon, node_uncordon
 from apps.commands.services.policy import critical_finding, policy_apply
@@ -22,6 +24,7 @@ __all__ = [
     "CommandDenied",
     "CommandInvalid",
     "HookFailed",
+    "IdempotencyMismatch",
     "checkpoint_evaluate",
     "command_ack",
     "command_advance",
@@ -31,6 +34,7 @@ __all__ = [
     "commands_deliver",
     "commands_sweep",
     "critical_finding",
+    "idempotency_scope",
     "hook_argv",
     "node_cordon",
     "node_uncordon",

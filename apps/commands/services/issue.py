@@ -10,12 +10,25 @@ from django.conf import settings
 from django.utils import timezone
 
 from apps.access.selectors import user_may
+from apps.audit.choices import Outcome
 from apps.audit.services import audit_record
 from apps.clusters.models import Cluster, Node
-from apps.commands.choices import NODE_KINDS, RUN_KINDS, CommandKind, CommandState
+from apps.commands.choices import (
+    IDEMPOTENCY_SYSTEM,
+    NODE_KINDS,
+    RUN_KINDS,
+    CommandKind,
+    CommandState,
+)
 from apps.commands.models import Command
 from apps.commands.selectors import commands_pending, run_plan
-from apps.commands.services.core import CommandConflict, command_create, command_transition
+from apps.commands.services.core import (
+    CommandConflict,
+    IdempotencyMismatch,
+    command_create,
+    command_transition,
+    request_fingerprint,
+)
 from apps.commands.services.nodes import HookFailed, node_cordon, node_uncordon
 from apps.commands.wakeups import commands_wake_on_commit
 from apps.runs.models import Run
@@ -51,11 +64,14 @@ def command_issue(
     """Issue a command (or find the one this idempotency key made: created False).
 
     `user` None is the system acting (a drain's own steps, a policy), named by actor_kind
-    and actor_name. Every attempt is audited, a denied one too (CommandDenied). Node kinds
+    and actor_name; its keys live in the system scope, a user's in the scope of the user or
+    of the personal token the request came with (idempotency_scope). The key is bound to
+    kind, target and args: another request with it raises IdempotencyMismatch. Every
+    attempt is audited: a denied one (CommandDenied), an invalid one (CommandInvalid,
+    IdempotencyMismatch: outcome `invalid`) too. Node kinds
     are carried out here: cordon / uncordon end succeeded or failed (a failing scheduler
     hook fails the command), a drain cordons and checkpoints the node's runs."""
-    _validate(cluster=cluster, kind=kind, run=run, node=node)
-    target = f"run:{run.name}" if kind in RUN_KINDS else f"node:{node.name}"
+    target = f"run:{run.name}" if run is not None else f"node:{node.name}" if node else ""
     audit = {
         "actor_user": user,
         "actor_kind": actor_kind,
@@ -65,25 +81,41 @@ def command_issue(
         "reason": reason,
         "request": request,
     }
+    try:
+        _validate(cluster=cluster, kind=kind, run=run, node=node)
+    except CommandInvalid as invalid:
+        _audit_invalid(kind=kind, audit=audit, loc=invalid.loc, msg=invalid.msg)
+        raise
     if user is not None and not user_may(user=user, cluster=cluster, action="operate"):
-        audit_record(action=f"command.{kind}", outcome="denied", **audit)
+        audit_record(action=f"command.{kind}", outcome=Outcome.DENIED, **audit)
         raise CommandDenied(f"you may not operate on cluster {cluster.name}")
+    # the key is bound to the request as asked (resume's args before the plan fills them)
+    fingerprint = request_fingerprint(
+        kind=kind, run_id=getattr(run, "pk", None), node_id=getattr(node, "pk", None), args=args
+    )
     if kind == CommandKind.RESUME:
         args = _resume_args(run=run, args=args or {})
-    command, created = command_create(
-        cluster_id=cluster.pk,
-        kind=kind,
-        idempotency_key=idempotency_key,
-        run_id=run.pk if run else None,
-        node_id=node.pk if node else None,
-        args=args,
-        reason=reason,
-        issued_by_id=getattr(user, "pk", None),
-        parent_id=parent.pk if parent else None,
-    )
+    try:
+        command, created = command_create(
+            cluster_id=cluster.pk,
+            kind=kind,
+            idempotency_key=idempotency_key,
+            idempotency_scope=idempotency_scope(user=user, request=request),
+            fingerprint=fingerprint,
+            run_id=run.pk if run else None,
+            node_id=node.pk if node else None,
+            args=args,
+            reason=reason,
+            issued_by_id=getattr(user, "pk", None),
+            parent_id=parent.pk if parent else None,
+        )
+    except IdempotencyMismatch as mismatch:
+        _audit_invalid(kind=kind, audit=audit, loc="Idempotency-Key", msg=str(mismatch),
+                       command=str(mismatch.command.pk))  # fmt: skip
+        raise
     audit_record(
         action=f"command.{kind}",
-        outcome="allowed",
+        outcome=Outcome.ALLOWED,
         detail={"command": str(command.pk), "created": created},
         **audit,
     )
@@ -92,6 +124,24 @@ def command_issue(
     elif created:
         commands_wake_on_commit(command=command)
     return command, created
+
+
+def idempotency_scope(*, user: Any, request: Any = None) -> str:
+    """Whose idempotency keys these are: the personal token a request came with, else the
+    user; the system's own (no user) live apart from every request's."""
+    if user is None:
+        return IDEMPOTENCY_SYSTEM
+    token = getattr(request, "user_token", None)
+    return f"token:{token.pk}" if token is not None else f"user:{user.pk}"
+
+
+def _audit_invalid(*, kind: str, audit: dict[str, Any], loc: str, msg: str, **detail) -> None:
+    audit_record(
+        action=f"command.{kind}",
+        outcome=Outcome.INVALID,
+        detail={"loc": loc, "msg": msg, **detail},
+        **audit,
+    )
 
 
 def _validate(*, cluster: Cluster, kind: str, run: Run | None, node: Node | None) -> None:
