@@ -9,6 +9,7 @@ This module is imported while apps load: models are imported inside the hooks.""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from django.contrib import admin
@@ -70,9 +71,13 @@ def _described(obj: Any) -> dict[str, Any]:
 
     opts = obj._meta
     cluster = obj if isinstance(obj, Cluster) else getattr(obj, "cluster", None)
+    # the cluster as it is now: a deleted one's pk is None by the time the entry is written
+    named = (
+        SimpleNamespace(pk=cluster.pk, name=cluster.name) if isinstance(cluster, Cluster) else None
+    )
     return {
         "target": f"{opts.app_label}.{opts.model_name}:{obj.pk}",
-        "cluster": cluster if isinstance(cluster, Cluster) else None,
+        "cluster": named,
         "object": str(obj)[:200],
     }
 

@@ -7,8 +7,9 @@ from apps.audit.choices import ActorKind, Outcome
 class AuditEntry(models.Model):
     """One attempted action, allowed or denied. Append-only: Postgres triggers refuse UPDATE,
     DELETE and TRUNCATE (the owner of the table can still disable them: the application runs
-    as a role that does not own it, docs/security.md). Actor and cluster are plain columns, not foreign keys, so deleting a
-    user or a cluster never cascades into (or is blocked by) the log."""
+    as a role that does not own it, docs/security.md). Actor and cluster are plain columns,
+    not foreign keys, so deleting a user or a cluster never cascades into (or is blocked by)
+    the log."""
 
     at = models.DateTimeField(db_index=True)
     actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)

@@ -63,7 +63,8 @@ def agent_actor_name(token: Any) -> str:
 
 
 def agent_token_detail(token: Any) -> dict[str, Any]:
-    return {"id": token.pk, "name": token.name, "prefix": token.prefix}
+    # id and name only: the ingest path's token lookup loads no more (apps.clusters.selectors)
+    return {"id": token.pk, "name": token.name}
 
 
 def agent_token_audit(
