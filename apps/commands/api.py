@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from django.http import HttpRequest
 from ninja import Field, Header, Query, Router, Schema
@@ -173,14 +173,14 @@ def command_create(
     clusters = clusters_visible(user=request.user)
     if payload.cluster:
         clusters = clusters.filter(name=payload.cluster)
-    attempt = {"action": f"command.{payload.kind}", "cluster": payload.cluster}
+    attempt = {"action": f"command.{payload.kind}", "cluster": payload.cluster, "payload": payload}
     run = _one(request, Run, "run", payload.run, clusters, attempt) if payload.run else None
     node = _one(request, Node, "node", payload.node, clusters, attempt) if payload.node else None
     target = run or node
     if target is None:
-        raise FieldError(400, "run", "a command names a run or a node")
+        _invalid(request, payload, None, "run", "a command names a run or a node")
     if run and node and run.cluster_id != node.cluster_id:
-        raise FieldError(400, "node", "the node is in another cluster than the run")
+        _invalid(request, payload, run, "node", "the node is in another cluster than the run")
     try:
         command, created = services.command_issue(
             user=request.user,
@@ -221,8 +221,24 @@ def _one(request: HttpRequest, model, loc: str, name: str, clusters, attempt: di
         )
         raise FieldError(404, loc, f"no such {loc}")
     if len(found) > 1:
-        raise FieldError(400, "cluster", f"several clusters have a {loc} {name!r}: name one")
+        _invalid(request, attempt["payload"], None, "cluster",
+                 f"several clusters have a {loc} {name!r}: name one")  # fmt: skip
     return found[0]
+
+
+def _invalid(request: HttpRequest, payload: CommandIn, target: Any, loc: str, msg: str) -> NoReturn:
+    """Refuse the command as invalid (400 naming `loc`), audited (outcome `invalid`)."""
+    services.command_invalid_record(
+        user=request.user,
+        kind=payload.kind,
+        loc=loc,
+        msg=msg,
+        cluster=getattr(target, "cluster", None),
+        target=f"run:{payload.run}" if payload.run else f"node:{payload.node or ''}",
+        reason=payload.reason,
+        request=request,
+    )
+    raise FieldError(400, loc, msg)
 
 
 @router.get(

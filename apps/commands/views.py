@@ -117,6 +117,17 @@ def _command_form(
     form = CommandForm(request.POST, kind=kind, target_name=target.name)
     valid = form.is_valid()
     if not valid and may:
+        [(field, errors), *_] = form.errors.items()
+        services.command_invalid_record(
+            user=request.user,
+            kind=kind,
+            loc=field,
+            msg=str(errors[0]),
+            cluster=target.cluster,
+            target=f"{'run' if run else 'node'}:{target.name}",
+            reason=request.POST.get("reason", "")[:2000],
+            request=request,
+        )
         return _form_page(request, form, target, back, status=400)
     try:
         # a user without the role is refused by the service, which records the attempt

@@ -107,6 +107,32 @@ def test_an_invalid_command_is_audited_as_invalid(olga, alpha):
     assert entry.detail["loc"] == "node"
 
 
+def test_commands_refused_by_the_api_and_the_pages_own_checks_are_audited(olga, alpha):
+    secret = user_token_issue(user=olga)[1]
+    request_id = uuid.uuid4().hex
+    no_target = Client().post(
+        "/api/v1/commands",
+        {"kind": "stop", "reason": "x"},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {secret}", "Idempotency-Key": "k",
+                 "X-Request-ID": request_id},
+    )  # fmt: skip
+    unconfirmed = client_of(olga).post(
+        "/clusters/alpha/runs/run-1/commands/stop",
+        {"token": str(uuid.uuid4()), "reason": "x", "confirm": "not-the-name"},
+    )
+    assert (no_target.status_code, unconfirmed.status_code) == (400, 400)
+    [api] = entries(request_id=request_id)
+    assert (api.action, api.outcome, api.actor_kind, api.cluster_id, api.detail["loc"]) == (
+        "command.stop", "invalid", "token", None, "run"
+    )  # fmt: skip
+    [page] = entries(cluster_id=alpha.pk, outcome="invalid")
+    assert (page.action, page.actor_name, page.target, page.detail["loc"]) == (
+        "command.stop", "olga", "run:run-1", "confirm"
+    )  # fmt: skip
+    assert not Command.objects.exists()
+
+
 def test_agent_tokens_issued_and_revoked_are_audited_with_their_actor(alpha, root):
     out = io.StringIO()
     call_command("issue_token", "alpha", "--name", "rack-7", stdout=out, stderr=io.StringIO())

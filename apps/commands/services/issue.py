@@ -135,6 +135,25 @@ def idempotency_scope(*, user: Any, request: Any = None) -> str:
     return f"token:{token.pk}" if token is not None else f"user:{user.pk}"
 
 
+def command_invalid_record(
+    *,
+    user: Any,
+    kind: str,
+    loc: str,
+    msg: str,
+    cluster: Cluster | None = None,
+    target: str = "",
+    reason: str = "",
+    request: Any = None,
+) -> None:
+    """Audit a command refused as invalid before it reached command_issue (the API's and the
+    pages' own checks: no target, a target named ambiguously, a form that does not validate):
+    outcome `invalid`, naming the field."""
+    audit = {"actor_user": user, "cluster": cluster, "target": target, "reason": reason,
+             "request": request}  # fmt: skip
+    _audit_invalid(kind=kind, audit=audit, loc=loc, msg=msg)
+
+
 def _audit_invalid(*, kind: str, audit: dict[str, Any], loc: str, msg: str, **detail) -> None:
     audit_record(
         action=f"command.{kind}",
