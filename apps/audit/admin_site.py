@@ -5,7 +5,8 @@ Installed in place of "django.contrib.admin" (opsboard/settings.py INSTALLED_APP
 site wraps each registered ModelAdmin, every app's alike, without touching their admin.py.
 The hooks are Django's own logging calls (log_addition, log_change, log_deletions), made
 once per object after a save and before a delete; a delete is recorded once it is done.
-This module is imported while apps load: models are imported inside the hooks."""
+This module is imported while apps load (INSTALLED_APPS names its config): models are
+imported inside the hooks."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig
 from django.http import HttpRequest
 
-ADMIN_ADD = "admin.add"
-ADMIN_CHANGE = "admin.change"
-ADMIN_DELETE = "admin.delete"
+from apps.audit.choices import AuditAction, Outcome
+
 PENDING = "_audit_admin_deletes"
 
 
@@ -28,12 +28,12 @@ class AuditedAdminMixin:
 
     def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
         logged = super().log_addition(request, obj, message)  # type: ignore[misc]
-        _record(request, ADMIN_ADD, _described(obj), message)
+        _record(request, AuditAction.ADMIN_ADD, _described(obj), message)
         return logged
 
     def log_change(self, request: HttpRequest, obj: Any, message: Any) -> Any:
         logged = super().log_change(request, obj, message)  # type: ignore[misc]
-        _record(request, ADMIN_CHANGE, _described(obj), message)
+        _record(request, AuditAction.ADMIN_CHANGE, _described(obj), message)
         return logged
 
     def log_deletions(self, request: HttpRequest, queryset: Any) -> Any:
@@ -84,12 +84,11 @@ def _described(obj: Any) -> dict[str, Any]:
 
 def _record_deletions(request: HttpRequest) -> None:
     for described in getattr(request, PENDING, []):
-        _record(request, ADMIN_DELETE, described, "")
+        _record(request, AuditAction.ADMIN_DELETE, described, "")
     setattr(request, PENDING, [])
 
 
 def _record(request: HttpRequest, action: str, described: dict[str, Any], message: Any) -> None:
-    from apps.audit.choices import Outcome
     from apps.audit.services import audit_record
 
     change = message if isinstance(message, list) else str(message or "")
