@@ -12,6 +12,10 @@ from apps.audit.models import AuditEntry
 
 REQUEST_ID_HEADER = "HTTP_X_REQUEST_ID"
 REQUEST_ID_MAX = 64
+AGENT_TOKEN_ACTIONS = {
+    "issue": AuditAction.AGENT_TOKEN_ISSUE,
+    "revoke": AuditAction.AGENT_TOKEN_REVOKE,
+}
 
 
 def audit_record(
@@ -73,9 +77,7 @@ def agent_token_audit(
     """apps.clusters.signals.agent_token_changed receiver (AuditConfig.ready): an agent
     token issued or revoked, by `actor` (None: the command line)."""
     audit_record(
-        action={"issue": AuditAction.AGENT_TOKEN_ISSUE, "revoke": AuditAction.AGENT_TOKEN_REVOKE}[
-            action
-        ],
+        action=AGENT_TOKEN_ACTIONS[action],
         outcome=Outcome.SUCCEEDED,
         actor_user=actor,
         actor_name="" if actor is not None else "manage.py",

@@ -58,6 +58,18 @@ def test_the_same_key_with_another_request_is_422_and_audited(world):
     assert {entry.actor_name for entry in invalid} == {"olga"}
 
 
+def test_a_pages_form_token_posted_to_another_kind_is_422(world):
+    page = Client()
+    page.force_login(world.operator)
+    base = f"/clusters/{world.cluster.name}/runs/run-1/commands"
+    token = str(uuid.uuid4())
+    first = page.post(f"{base}/checkpoint", {"token": token})
+    other = page.post(f"{base}/stop", {"token": token, "reason": "x", "confirm": "run-1"})
+    assert (first.status_code, other.status_code) == (302, 422)
+    assert "another request" in other.content.decode()
+    assert list(Command.objects.values_list("kind", flat=True)) == ["checkpoint"]
+
+
 def test_another_actors_same_key_makes_a_new_command(world):
     key = uuid.uuid4().hex
     mine = api(world.operator_secret, key, kind="checkpoint", run="run-1")

@@ -68,9 +68,9 @@ def command_issue(
     of the personal token the request came with (idempotency_scope). The key is bound to
     kind, target and args: another request with it raises IdempotencyMismatch. Every
     attempt is audited: a denied one (CommandDenied), an invalid one (CommandInvalid,
-    IdempotencyMismatch: outcome `invalid`) too. Node kinds
-    are carried out here: cordon / uncordon end succeeded or failed (a failing scheduler
-    hook fails the command), a drain cordons and checkpoints the node's runs."""
+    IdempotencyMismatch: outcome `invalid`) too. Node kinds are carried out here: cordon /
+    uncordon end succeeded or failed (a failing scheduler hook fails the command), a drain
+    cordons and checkpoints the node's runs."""
     target = f"run:{run.name}" if run is not None else f"node:{node.name}" if node else ""
     audit = {
         "actor_user": user,
