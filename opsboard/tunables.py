@@ -36,6 +36,9 @@ ALERT_WEBHOOK_TIMEOUT_S = envfloat("ALERT_WEBHOOK_TIMEOUT_S", 5.0)
 # --- Commands (docs/actions.md) ---------------------------------------------------------------
 # A command nobody carried out this long after it was issued ends `expired`.
 COMMANDS_EXPIRE_AFTER_S = envfloat("COMMANDS_EXPIRE_AFTER_S", 600.0)
+# An operator's Idempotency-Key names its command this long after it was issued; later the
+# key may name a new command. The system's keys (drain steps, the policy) never expire.
+COMMANDS_IDEMPOTENCY_TTL_S = envfloat("COMMANDS_IDEMPOTENCY_TTL_S", 86400.0)
 # A delivered command not acknowledged this long goes out again (the agent restarted).
 COMMANDS_REDELIVER_AFTER_S = envfloat("COMMANDS_REDELIVER_AFTER_S", 30.0)
 # Held long-polls wake on a Redis message (apps/commands/wakeups.py); the database is looked

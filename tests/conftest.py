@@ -41,7 +41,29 @@ def _flush_retrying_deadlocks() -> None:
     flush.Command.handle = handle_retrying
 
 
+# Tables the flush leaves alone. The audit log refuses TRUNCATE (a trigger): it keeps every
+# test's entries, so a test reading it looks at its own only (its cluster, actor, target).
+FLUSH_KEPT_TABLES = frozenset({"audit_auditentry"})
+
+
+def _flush_keeping_the_audit_log() -> None:
+    """Django's sql_flush (the one statement `flush` runs) without FLUSH_KEPT_TABLES."""
+    from django.core.management.commands import flush
+
+    def sql_flush(style, connection, reset_sequences=True, allow_cascade=False):
+        tables = connection.introspection.django_table_names(
+            only_existing=True, include_views=False
+        )
+        kept = [table for table in tables if table not in FLUSH_KEPT_TABLES]
+        return connection.ops.sql_flush(
+            style, kept, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+        )
+
+    flush.sql_flush = sql_flush
+
+
 _flush_retrying_deadlocks()
+_flush_keeping_the_audit_log()
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

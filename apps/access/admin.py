@@ -104,7 +104,7 @@ class ScopedAgentTokenAdmin(ClusterScopedAdmin, AgentTokenAdmin):
     def revoke(self, request, queryset):
         tokens = list(self.scope_queryset(request, queryset, "change"))
         for token in tokens:
-            token_revoke(token=token)
+            token_revoke(token=token, actor=request.user, request=request)
         self.message_user(request, f"{len(tokens)} token(s) revoked.")
 
 

@@ -16,13 +16,13 @@ router = Router(tags=["audit"])
 class AuditEntryOut(Schema):
     id: int
     at: float
-    actor_kind: Literal["user", "token", "policy", "agent"]
+    actor_kind: Literal["user", "token", "policy", "agent", "system"]
     actor: str
     action: str
     cluster: str | None
     target: str
     reason: str
-    outcome: Literal["allowed", "denied", "succeeded", "failed"]
+    outcome: Literal["allowed", "denied", "succeeded", "failed", "invalid"]
     detail: dict[str, Any]
     client_ip: str | None
     request_id: str
@@ -36,7 +36,7 @@ class AuditQuery(Schema):
     since: float | None = timestamp_field("entries at or after (Unix seconds)")
     actor: str | None = Field(default=None, max_length=150)
     action: str | None = Field(default=None, max_length=64)
-    outcome: Literal["allowed", "denied", "succeeded", "failed"] | None = None
+    outcome: Literal["allowed", "denied", "succeeded", "failed", "invalid"] | None = None
     cluster: str | None = Field(default=None, max_length=CLUSTER_MAX_LENGTH)
 
 

@@ -2,6 +2,7 @@
 
 import logging
 import secrets
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
@@ -97,6 +98,28 @@ def user_token_revoke(*, token: UserToken, actor: Any = None, request: Any = Non
             _audit(AuditAction.TOKEN_REVOKE, actor, None, f"user:{token.user.username}",
                    request, detail={"token": token.prefix})  # fmt: skip
     return bool(revoked)
+
+
+HIDDEN_CLUSTERS_RECORDED = 10  # a name in more hidden clusters than this is noise, not news
+
+
+def attempt_hidden_record(
+    *, user: Any, action: str, target: str, clusters: Iterable[Cluster], request: Any = None
+) -> None:
+    """An attempt answered 404 because what it names is in a cluster the user holds no role
+    in (to them it does not exist): one denied entry per such cluster, so that cluster's
+    admins read it, or one of no cluster when nothing by that name exists anywhere."""
+    hidden = list(clusters)[:HIDDEN_CLUSTERS_RECORDED] or [None]
+    for cluster in hidden:
+        audit_record(
+            action=action,
+            outcome=Outcome.DENIED,
+            actor_user=user,
+            cluster=cluster,
+            target=target,
+            detail={"answered": 404},
+            request=request,
+        )
 
 
 def _audit(action: str, actor: Any, cluster: Any, target: str, request: Any, **extra) -> None:

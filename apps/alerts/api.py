@@ -13,6 +13,7 @@ from apps.alerts.services import (
     AlertResolved,
     alert_acknowledge,
     alert_acknowledge_authorize,
+    alert_acknowledge_hidden,
 )
 from apps.clusters.models import Cluster
 from apps.core.bounds import NAME_MAX_LENGTH
@@ -98,6 +99,7 @@ def alerts(request: HttpRequest, query: Query[AlertsQuery]):
 def alert_ack(request: HttpRequest, alert_id: int, payload: AckIn):
     alert = alert_get(alert_id=alert_id, visible=clusters_visible(user=request.user))
     if alert is None:
+        alert_acknowledge_hidden(user=request.user, alert_id=alert_id, request=request)
         raise FieldError(404, "alert_id", "no such alert")
     allowed = alert_acknowledge_authorize(
         user=request.user, alert=alert, note=payload.note, request=request

@@ -5,9 +5,11 @@ from apps.audit.choices import ActorKind, Outcome
 
 
 class AuditEntry(models.Model):
-    """One attempted action, allowed or denied. Append-only: a Postgres trigger refuses
-    UPDATE and DELETE. Actor and cluster are plain columns, not foreign keys, so deleting a
-    user or a cluster never cascades into (or is blocked by) the log."""
+    """One attempted action, allowed or denied. Append-only: Postgres triggers refuse UPDATE,
+    DELETE and TRUNCATE (the owner of the table can still disable them: the application runs
+    as a role that does not own it, docs/security.md). Actor and cluster are plain columns,
+    not foreign keys, so deleting a user or a cluster never cascades into (or is blocked by)
+    the log."""
 
     at = models.DateTimeField(db_index=True)
     actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
@@ -29,7 +31,16 @@ class AuditEntry(models.Model):
         triggers = [
             pgtrigger.Protect(
                 name="audit_append_only", operation=pgtrigger.Update | pgtrigger.Delete
-            )
+            ),
+            # TRUNCATE fires no row trigger; pgtrigger's Protect only knows row triggers and
+            # statement triggers with transition tables, which TRUNCATE has none of
+            pgtrigger.Trigger(
+                name="audit_no_truncate",
+                operation=pgtrigger.Truncate,
+                level=pgtrigger.Statement,
+                when=pgtrigger.Before,
+                func="RAISE EXCEPTION 'pgtrigger: Cannot truncate % table', TG_TABLE_NAME;",
+            ),
         ]
 
     def __str__(self) -> str:

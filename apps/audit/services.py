@@ -1,17 +1,22 @@
 """Writing the audit log (apps.audit.models.AuditEntry): one row per attempted action."""
 
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 from django.http import HttpRequest
 from django.utils import timezone
 
-from apps.audit.choices import ActorKind
+from apps.audit.choices import ActorKind, AuditAction, Outcome
 from apps.audit.models import AuditEntry
 from apps.core.client_ip import client_ip
 
 REQUEST_ID_HEADER = "HTTP_X_REQUEST_ID"
 REQUEST_ID_MAX = 64
+AGENT_TOKEN_ACTIONS = {
+    "issue": AuditAction.AGENT_TOKEN_ISSUE,
+    "revoke": AuditAction.AGENT_TOKEN_REVOKE,
+}
 
 
 def audit_record(
@@ -31,11 +36,16 @@ def audit_record(
     (apps.core.client_ip: X-Forwarded-For only through TRUSTED_PROXIES) and the request id
     (X-Request-ID, else a fresh uuid, kept on the request so every entry of one request
     shares it); a request authenticated by a personal token is recorded as actor_kind
-    "token". Runs in the caller's transaction, if any: an action rolled back
-    leaves no entry claiming it succeeded."""
+    "token". Runs in the caller's transaction, if any: an action rolled back leaves no entry
+    claiming it succeeded. A request authenticated by an agent token is recorded as
+    actor_kind "agent" named by its token (agent_actor_name), never empty."""
     if actor_kind == ActorKind.USER and getattr(request, "user_token", None) is not None:
         actor_kind = ActorKind.TOKEN
         detail = {**(detail or {}), "token": request.user_token.prefix}
+    agent_token = getattr(request, "agent_token", None)
+    if agent_token is not None:
+        actor_kind, actor_name = ActorKind.AGENT, agent_actor_name(agent_token)
+        detail = {**(detail or {}), "agent_token": agent_token_detail(agent_token)}
     return AuditEntry.objects.create(
         at=timezone.now(),
         actor_kind=actor_kind,
@@ -50,6 +60,33 @@ def audit_record(
         detail=detail or {},
         client_ip=client_ip(request) if request is not None else None,
         request_id=_request_id(request),
+    )
+
+
+def agent_actor_name(token: Any) -> str:
+    """An agent token as an actor: its name and id ("node-agent (token 7)"), or its id."""
+    return f"{token.name} (token {token.pk})" if token.name else f"token {token.pk}"
+
+
+def agent_token_detail(token: Any) -> dict[str, Any]:
+    # id and name only: the ingest path's token lookup loads no more (apps.clusters.selectors)
+    return {"id": token.pk, "name": token.name}
+
+
+def agent_token_audit(
+    sender: Any, *, action: str, token: dict, actor: Any, request: Any, **kwargs: Any
+) -> None:
+    """apps.clusters.signals.agent_token_changed receiver (AuditConfig.ready): an agent
+    token issued or revoked, by `actor` (None: the command line)."""
+    audit_record(
+        action=AGENT_TOKEN_ACTIONS[action],
+        outcome=Outcome.SUCCEEDED,
+        actor_user=actor,
+        actor_name="" if actor is not None else "manage.py",
+        cluster=SimpleNamespace(pk=token["cluster_id"], name=token["cluster_name"]),
+        target=f"agent_token:{token['id']}",
+        detail={"agent_token": {key: token[key] for key in ("id", "name", "prefix")}},
+        request=request,
     )
 
 

@@ -2,6 +2,7 @@ import hashlib
 import secrets
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from django.db import connection, transaction
@@ -9,6 +10,7 @@ from django.utils import timezone
 
 from apps.clusters.hostlist import pattern_compile
 from apps.clusters.models import AgentToken, Cluster
+from apps.clusters.signals import agent_token_changed
 
 TOKEN_PREFIX = "obt_"
 
@@ -21,13 +23,20 @@ def token_digest(secret: str) -> str:
 
 @transaction.atomic
 def token_issue(
-    *, cluster_name: str, name: str = "", nodes: Sequence[str] = ()
+    *,
+    cluster_name: str,
+    name: str = "",
+    nodes: Sequence[str] = (),
+    actor: Any = None,
+    request: Any = None,
 ) -> tuple[AgentToken, str]:
     """Create the cluster if needed and a new token; returns (token, secret).
 
     With `nodes` (names or hostlist patterns such as gpu-[001-128]) the token acts only as
     those nodes; without, for every node of the cluster. Raises PatternError for a pattern
-    that names no node set. The secret is returned once and never stored."""
+    that names no node set. The secret is returned once and never stored. Announced
+    (agent_token_changed, in this transaction: the audit log records it) as done by `actor`
+    (None: the command line)."""
     for pattern in nodes:
         pattern_compile(pattern)
     cluster, _ = Cluster.objects.get_or_create(name=cluster_name)
@@ -39,12 +48,32 @@ def token_issue(
         digest=token_digest(secret),
         nodes=list(dict.fromkeys(nodes)),
     )
+    _announce("issue", token, actor, request)
     return token, secret
 
 
-def token_revoke(*, token: AgentToken) -> None:
-    AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+@transaction.atomic
+def token_revoke(*, token: AgentToken, actor: Any = None, request: Any = None) -> bool:
+    """Revoke the token (the next request with it is refused); False if it already was.
+    A revoke is announced like an issue."""
+    revoked = AgentToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
         revoked_at=timezone.now()
+    )
+    if revoked:
+        _announce("revoke", token, actor, request)
+    return bool(revoked)
+
+
+def _announce(action: str, token: AgentToken, actor: Any, request: Any) -> None:
+    plain = {
+        "id": token.pk,
+        "name": token.name,
+        "prefix": token.prefix,
+        "cluster_id": token.cluster_id,
+        "cluster_name": token.cluster.name,
+    }
+    agent_token_changed.send(
+        sender=AgentToken, action=action, token=plain, actor=actor, request=request
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from django.http import HttpRequest
 from ninja import Field, Header, Query, Router, Schema
@@ -12,7 +12,8 @@ from pydantic import ConfigDict, field_validator
 
 from apps.access.auth import reader_auth, user_token_auth
 from apps.access.selectors import clusters_visible
-from apps.clusters.models import Node
+from apps.access.services import attempt_hidden_record
+from apps.clusters.models import Cluster, Node
 from apps.commands import services
 from apps.commands.choices import REASON_MAX_LENGTH, CommandKind, CommandState
 from apps.commands.longpoll import REDIRECTS_HEADER
@@ -168,8 +169,23 @@ class PlanOut(Schema):
 @router.post(
     "/commands",
     auth=[user_token_auth, SessionAuth()],
-    response={200: CommandOut, 201: CommandOut, 400: Errors, 401: Errors, 403: Errors, 404: Errors},
+    response={
+        200: CommandOut,
+        201: CommandOut,
+        400: Errors,
+        401: Errors,
+        403: Errors,
+        404: Errors,
+        422: Errors,
+    },
     summary="Issue a command (operators; the same Idempotency-Key again: the same command)",
+    description=(
+        "The `Idempotency-Key` is the caller's (its user, or the personal token it came "
+        "with) in the cluster, and bound to the request: sent again with the same kind, "
+        "target and args it answers `200` with the command it made; with another kind, "
+        "target or args, `422`. A key names its command for `COMMANDS_IDEMPOTENCY_TTL_S` "
+        "(24 h); after that it makes a new one."
+    ),
 )
 def command_create(
     request: HttpRequest,
@@ -179,13 +195,14 @@ def command_create(
     clusters = clusters_visible(user=request.user)
     if payload.cluster:
         clusters = clusters.filter(name=payload.cluster)
-    run = _one(Run, "run", payload.run, clusters) if payload.run else None
-    node = _one(Node, "node", payload.node, clusters) if payload.node else None
+    attempt = {"action": f"command.{payload.kind}", "cluster": payload.cluster, "payload": payload}
+    run = _one(request, Run, "run", payload.run, clusters, attempt) if payload.run else None
+    node = _one(request, Node, "node", payload.node, clusters, attempt) if payload.node else None
     target = run or node
     if target is None:
-        raise FieldError(400, "run", "a command names a run or a node")
+        _invalid(request, payload, None, "run", "a command names a run or a node")
     if run and node and run.cluster_id != node.cluster_id:
-        raise FieldError(400, "node", "the node is in another cluster than the run")
+        _invalid(request, payload, run, "node", "the node is in another cluster than the run")
     try:
         command, created = services.command_issue(
             user=request.user,
@@ -202,18 +219,48 @@ def command_create(
         raise FieldError(403, "", str(denied)) from None
     except services.CommandInvalid as invalid:
         raise FieldError(400, invalid.loc, invalid.msg) from None
+    except services.IdempotencyMismatch as mismatch:
+        raise FieldError(422, "Idempotency-Key", str(mismatch)) from None
     return (201 if created else 200), command_json(command_get(command_id=command.pk))
 
 
-def _one(model, loc: str, name: str, clusters) -> Any:
+def _one(request: HttpRequest, model, loc: str, name: str, clusters, attempt: dict) -> Any:
     found = list(
         model.objects.filter(name=name, cluster__in=clusters).select_related("cluster")[:2]
     )
     if not found:
+        # audited: an operator probing clusters they hold no role in is news to its admins
+        named = model.objects.filter(name=name).exclude(cluster__in=clusters)
+        if attempt["cluster"]:
+            named = named.filter(cluster__name=attempt["cluster"])
+        hidden = Cluster.objects.filter(pk__in=named.values("cluster_id")).order_by("name")
+        attempt_hidden_record(
+            user=request.user,
+            action=attempt["action"],
+            target=f"{loc}:{name}",
+            clusters=hidden,
+            request=request,
+        )
         raise FieldError(404, loc, f"no such {loc}")
     if len(found) > 1:
-        raise FieldError(400, "cluster", f"several clusters have a {loc} {name!r}: name one")
+        _invalid(request, attempt["payload"], None, "cluster",
+                 f"several clusters have a {loc} {name!r}: name one")  # fmt: skip
     return found[0]
+
+
+def _invalid(request: HttpRequest, payload: CommandIn, target: Any, loc: str, msg: str) -> NoReturn:
+    """Refuse the command as invalid (400 naming `loc`), audited (outcome `invalid`)."""
+    services.command_invalid_record(
+        user=request.user,
+        kind=payload.kind,
+        loc=loc,
+        msg=msg,
+        cluster=getattr(target, "cluster", None),
+        target=f"run:{payload.run}" if payload.run else f"node:{payload.node or ''}",
+        reason=payload.reason,
+        request=request,
+    )
+    raise FieldError(400, loc, msg)
 
 
 @router.get(
@@ -278,8 +325,6 @@ def command_detail(request: HttpRequest, command_id: uuid.UUID):
 def _reader_clusters(request: HttpRequest):
     token = getattr(request, "agent_token", None)
     if token is not None:
-        from apps.clusters.models import Cluster
-
         return Cluster.objects.filter(pk=token.cluster_id)
     return clusters_visible(user=request.user)
 
@@ -298,18 +343,13 @@ def command_ack(request: HttpRequest, command_id: uuid.UUID, payload: AckIn):
         CommandKind.RESUME,
     ):
         raise FieldError(404, "command_id", "no such command")
-    if (
-        command.kind == CommandKind.CHECKPOINT
-        and payload.state == "accepted"
-        and payload.step is None
-    ):
-        # the step is what the server waits for: without it the command could only expire
-        raise FieldError(400, "step", "an accepted checkpoint names the step the ranks agreed on")
-    token = request.agent_token
-    if not token.is_cluster_wide and not any(
-        token.acts_for(node) for node in command_handed_to(command=command)
-    ):
-        raise FieldError(403, "command_id", COMMAND_NOT_OURS)
+    refusal = _ack_refusal(request, command, payload)
+    if refusal is not None:
+        status, loc, outcome, why = refusal
+        services.command_ack_refused(
+            command=command, state=payload.state, outcome=outcome, why=why, request=request
+        )
+        raise FieldError(status, loc, why)
     try:
         command = services.command_ack(
             command=command,
@@ -323,6 +363,23 @@ def command_ack(request: HttpRequest, command_id: uuid.UUID, payload: AckIn):
     except services.CommandConflict as conflict:
         raise FieldError(409, "state", str(conflict)) from None
     return command_json(command_get(command_id=command.pk))
+
+
+def _ack_refusal(request: HttpRequest, command, payload: AckIn) -> tuple[int, str, str, str] | None:
+    """(status, field, audit outcome, why) when the ack is refused before the state machine."""
+    if (
+        command.kind == CommandKind.CHECKPOINT
+        and payload.state == "accepted"
+        and payload.step is None
+    ):
+        # the step is what the server waits for: without it the command could only expire
+        return 400, "step", "invalid", "an accepted checkpoint names the step the ranks agreed on"
+    token = request.agent_token
+    if not token.is_cluster_wide and not any(
+        token.acts_for(node) for node in command_handed_to(command=command)
+    ):
+        return 403, "command_id", "denied", COMMAND_NOT_OURS
+    return None
 
 
 @router.get(

@@ -55,3 +55,8 @@ NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
 # Kinds that ask for a reason and the target's name typed again (pages and admin alike).
 CONFIRMED_KINDS = frozenset({CommandKind.STOP, CommandKind.DRAIN})
 REASON_MAX_LENGTH = 2000  # commands_command.reason, audit's reason
+
+# The idempotency scope of the commands the system issues (a drain's own steps, the policy).
+# Requests' keys are scoped to their user or token ("user:<id>", "token:<id>"), so a request
+# can never name a system key, whatever the key's text.
+IDEMPOTENCY_SYSTEM = "system"

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from apps.clusters.models import Cluster, Node
-from apps.commands.choices import CommandKind, CommandState
+from apps.commands.choices import IDEMPOTENCY_SYSTEM, CommandKind, CommandState
 from apps.runs.models import Run
 
 
@@ -28,6 +28,15 @@ class Command(models.Model):
         max_length=16, choices=CommandState.choices, default=CommandState.ISSUED
     )
     idempotency_key = models.CharField(max_length=128)
+    # Whose key it is: "user:<id>", "token:<id>" (a personal API token) or "system" (a
+    # drain's own steps, the auto-cordon policy). Set by the server from who acts, never
+    # read from a request, so no request can reach a system key (docs/actions.md).
+    idempotency_scope = models.CharField(max_length=64, default=IDEMPOTENCY_SYSTEM)
+    # A digest of what the key was sent with (kind, target, args): the same key with another
+    # request is refused, not answered with this command.
+    idempotency_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    # False once the key expired and was used again: it then names the newer command.
+    idempotency_live = models.BooleanField(default=True)
     issued_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
@@ -45,7 +54,9 @@ class Command(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["cluster", "idempotency_key"], name="command_unique_idempotency_key"
+                fields=["cluster", "idempotency_scope", "idempotency_key"],
+                condition=models.Q(idempotency_live=True),
+                name="command_unique_idempotency_key",
             ),
             models.CheckConstraint(
                 condition=models.Q(run__isnull=False) | models.Q(node__isnull=False),

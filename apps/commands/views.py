@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
 from apps.access.selectors import clusters_visible, user_may
+from apps.access.services import attempt_hidden_record
 from apps.clusters.models import Cluster, Node
 from apps.commands import services
 from apps.commands.choices import NODE_KINDS, RUN_KINDS
@@ -59,13 +60,34 @@ def _named_or_404(model, request: HttpRequest, cluster: str, name: str):
     return named
 
 
+def _target_or_404(request: HttpRequest, model, cluster: str, name: str, *, kind: str):
+    """The run or node a command form names; a post naming one in a cluster the user holds
+    no role in is answered 404 and audited (denied, in that cluster's log)."""
+    try:
+        return _named_or_404(model, request, cluster, name)
+    except Http404:
+        if request.method == "POST":
+            hidden = Cluster.objects.filter(name=cluster).exclude(
+                pk__in=clusters_visible(user=request.user)
+            )
+            label = model._meta.model_name
+            attempt_hidden_record(
+                user=request.user,
+                action=f"command.{kind}",
+                target=f"{label}:{name}",
+                clusters=hidden,
+                request=request,
+            )
+        raise
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def run_command(request: HttpRequest, cluster: str, run: str, kind: str) -> HttpResponse:
     """GET: the form alone; POST: issue `kind` (checkpoint, stop, resume) on the run."""
     if kind not in RUN_KINDS:
         raise Http404("no such command")
-    found = _run_or_404(request, cluster, run)
+    found = _target_or_404(request, Run, cluster, run, kind=kind)
     back = reverse("run-detail", kwargs={"cluster": cluster, "run": run})
     return _command_form(request, kind=kind, run=found, back=back)
 
@@ -76,7 +98,7 @@ def node_command(request: HttpRequest, cluster: str, node: str, kind: str) -> Ht
     """GET: the form alone; POST: issue `kind` (cordon, uncordon, drain) on the node."""
     if kind not in NODE_KINDS:
         raise Http404("no such command")
-    found = _node_or_404(request, cluster, node)
+    found = _target_or_404(request, Node, cluster, node, kind=kind)
     back = reverse("node-detail", kwargs={"cluster": cluster, "node": node})
     return _command_form(request, kind=kind, node=found, back=back)
 
@@ -95,6 +117,17 @@ def _command_form(
     form = CommandForm(request.POST, kind=kind, target_name=target.name)
     valid = form.is_valid()
     if not valid and may:
+        [(field, errors), *_] = form.errors.items()
+        services.command_invalid_record(
+            user=request.user,
+            kind=kind,
+            loc=field,
+            msg=str(errors[0]),
+            cluster=target.cluster,
+            target=f"{'run' if run else 'node'}:{target.name}",
+            reason=request.POST.get("reason", "")[:2000],
+            request=request,
+        )
         return _form_page(request, form, target, back, status=400)
     try:
         # a user without the role is refused by the service, which records the attempt
@@ -114,6 +147,9 @@ def _command_form(
     except services.CommandInvalid as invalid:
         form.add_error(None, invalid.msg)
         return _form_page(request, form, target, back, status=400)
+    except services.IdempotencyMismatch as mismatch:  # a form's token posted to another kind
+        form.add_error(None, str(mismatch))
+        return _form_page(request, form, target, back, status=422)
     _tell(request, command, created)
     return redirect(f"{back}#commands")
 

@@ -93,7 +93,7 @@ def test_hooks_are_for_superusers_and_their_changes_are_audited(clusters, cluste
     )
     assert saved.status_code == 302, saved.content[:500]
     assert ClusterHooks.objects.get(cluster=ours).cordon_argv[0] == "scontrol"
-    entry = AuditEntry.objects.get(action="hooks.configure")
+    entry = AuditEntry.objects.get(action="hooks.configure", cluster_id=ours.pk)
     assert entry.outcome == "succeeded" and entry.detail["cordon_argv"][0] == "scontrol"
 
 

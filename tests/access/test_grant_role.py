@@ -7,6 +7,7 @@ from django.core.management import CommandError, call_command
 
 from apps.access.models import ClusterRole
 from apps.audit.models import AuditEntry
+from apps.clusters.models import Cluster
 from tests.access.conftest import user_with
 
 pytestmark = pytest.mark.django_db
@@ -22,7 +23,8 @@ def test_it_grants_and_replaces_a_role(clusters):
     grant("vera", "alpha", "operator")
     [role] = ClusterRole.objects.filter(user__username="vera")
     assert (role.cluster.name, role.role) == ("alpha", "operator")
-    entries = AuditEntry.objects.filter(action="role.grant").order_by("id")
+    alpha = Cluster.objects.get(name="alpha")
+    entries = AuditEntry.objects.filter(action="role.grant", cluster_id=alpha.pk).order_by("id")
     assert [e.detail["role"] for e in entries] == ["viewer", "operator"]
     assert {(e.target, e.cluster_name, e.actor_name) for e in entries} == {
         ("user:vera", "alpha", "manage.py")

@@ -1,4 +1,4 @@
-"""The audit log is append-only: Postgres itself refuses UPDATE and DELETE."""
+"""The audit log is append-only: Postgres itself refuses UPDATE, DELETE and TRUNCATE."""
 
 import pytest
 from django.db import DatabaseError, connection, transaction
@@ -25,6 +25,13 @@ def test_it_refuses_update_and_delete_in_raw_sql(entry, sql):
     with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql, [entry.pk])
     assert AuditEntry.objects.get(pk=entry.pk).outcome == "succeeded"
+
+
+def test_it_refuses_truncate(entry):
+    refused = pytest.raises(DatabaseError, match="Cannot truncate")
+    with refused, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("TRUNCATE audit_auditentry")
+    assert AuditEntry.objects.filter(pk=entry.pk).exists()
 
 
 def test_it_refuses_a_delete_through_the_orm(entry):

@@ -12,6 +12,7 @@ import uuid
 import pytest
 from django.db import connection
 
+from apps.audit.models import AuditEntry
 from apps.clusters.models import AgentToken
 from apps.clusters.services import token_issue
 from apps.ingest.models import InboxBatch
@@ -79,6 +80,8 @@ def test_it_acknowledges_only_commands_handed_to_its_nodes(live_stack, world, no
         refused = agent.post(f"/api/v1/commands/{theirs['id']}/ack", json={"state": "succeeded"})
     assert refused.status_code == 403
     assert refused.json()["errors"][0]["loc"] == "command_id"
+    denied = AuditEntry.objects.get(target=f"command:{theirs['id']}", outcome="denied")
+    assert denied.action == "command.ack" and "gpu-01-agent" in denied.actor_name
     with client(live_stack, world.operator_secret) as operator:
         assert operator.get(f"/api/v1/commands/{theirs['id']}").json()["state"] == "delivered"
 

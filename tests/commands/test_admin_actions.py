@@ -69,7 +69,7 @@ def test_cordon_from_the_admin_goes_through_the_service(world, root, tmp_path):
         "cordoned", "fan failure", "root"
     )  # fmt: skip
     assert record.read_text() == "cordon node-01\n"
-    entry = AuditEntry.objects.get(action="node.cordon")
+    entry = AuditEntry.objects.get(action="node.cordon", cluster_id=world.cluster.pk)
     assert (entry.actor_name, entry.actor_kind, entry.outcome) == ("root", "user", "succeeded")
     assert entry.client_ip == "127.0.0.1" and entry.request_id
     command = Command.objects.get(kind="cordon")
@@ -91,7 +91,7 @@ def test_staff_without_the_operator_role_are_refused_and_audited(world):
     assert done.status_code == 302
     assert Node.objects.get(pk=world.node1.pk).state == "active"
     assert not Command.objects.exists()
-    entry = AuditEntry.objects.get(action="command.cordon")
+    entry = AuditEntry.objects.get(action="command.cordon", cluster_id=world.cluster.pk)
     assert (entry.actor_name, entry.outcome, entry.target) == ("vera", "denied", "node:node-01")
     assert any("may not operate" in text for text in messages_of(done))
 

@@ -97,12 +97,13 @@ def test_uncorrectable_ecc_cordons_within_the_pass(world, hook_calls):
     assert (command.state, command.issued_by, command.args) == (
         "succeeded", None, {"alert": alert.pk, "finding": "ecc"}
     )  # fmt: skip
-    entry = AuditEntry.objects.get(action="node.cordon")
+    entry = AuditEntry.objects.get(action="node.cordon", cluster_id=world.cluster.pk)
     assert (entry.actor_kind, entry.actor_name, entry.outcome) == (
         "policy", "auto-cordon", "succeeded"
     )  # fmt: skip
     assert entry.reason == node.cordon_reason and entry.detail["hook"]["exit_code"] == 0
-    assert AuditEntry.objects.get(action="command.cordon").actor_kind == "policy"
+    issued = AuditEntry.objects.get(action="command.cordon", cluster_id=world.cluster.pk)
+    assert issued.actor_kind == "policy"
 
 
 def test_a_corrected_ecc_error_does_not_cordon(world, hook_calls):
@@ -197,7 +198,7 @@ def test_a_failing_hook_leaves_the_node_and_the_failure_audited(world, tmp_path)
     evaluate(world)
     assert state(world.node1) == "active"
     assert Command.objects.get(kind="cordon").state == "failed"
-    entry = AuditEntry.objects.get(action="node.cordon")
+    entry = AuditEntry.objects.get(action="node.cordon", cluster_id=world.cluster.pk)
     assert (entry.actor_kind, entry.outcome) == ("policy", "failed")
 
 

@@ -73,7 +73,7 @@ def test_cordon_runs_the_hook_and_cordons_the_node(world, scontrol):
     assert (node.state, node.cordon_reason, node.cordoned_by) == (
         "cordoned", "bad DIMM; see ticket 42", world.operator
     )  # fmt: skip
-    entry = AuditEntry.objects.get(action="node.cordon")
+    entry = AuditEntry.objects.get(action="node.cordon", cluster_id=world.cluster.pk)
     assert entry.outcome == "succeeded" and entry.detail["hook"]["exit_code"] == 0
     assert "scontrol says hello" in entry.detail["hook"]["stdout"]
 
@@ -93,7 +93,7 @@ def test_a_failing_hook_fails_the_command_and_leaves_the_node(world, scontrol, m
     command = node_command(world, "cordon", world.node1)
     assert command.state == "failed" and command.result["hook"]["exit_code"] == 3
     assert Node.objects.get(pk=world.node1.pk).state == "active"
-    entry = AuditEntry.objects.get(action="node.cordon")
+    entry = AuditEntry.objects.get(action="node.cordon", cluster_id=world.cluster.pk)
     assert entry.outcome == "failed" and entry.detail["hook"]["exit_code"] == 3
 
 

@@ -220,7 +220,7 @@ def test_a_post_without_the_csrf_token_is_refused(alpha):
     assert response.status_code == 302 and Command.objects.count() == 1
 
 
-def test_a_viewer_posting_is_refused_and_audited(viewer):
+def test_a_viewer_posting_is_refused_and_audited(alpha, viewer):
     for url, fields in (
         (f"{RUN_PAGE}commands/checkpoint", {}),
         (f"{RUN_PAGE}commands/stop", {"reason": "x", "confirm": "run-1"}),
@@ -228,7 +228,7 @@ def test_a_viewer_posting_is_refused_and_audited(viewer):
     ):
         assert post(viewer, url, **fields).status_code == 403, url
     assert Command.objects.count() == 0
-    denied = AuditEntry.objects.filter(outcome="denied", actor_name="vik", cluster_name="alpha")
+    denied = AuditEntry.objects.filter(outcome="denied", actor_name="vik", cluster_id=alpha.pk)
     assert sorted(denied.values_list("action", "target")) == [
         ("command.checkpoint", "run:run-1"),
         ("command.drain", "node:node-00"),

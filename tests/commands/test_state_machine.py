@@ -143,7 +143,7 @@ def test_a_viewer_is_denied_and_the_attempt_is_audited(world):
             idempotency_key="k1",
         )  # fmt: skip
     assert not Command.objects.exists()
-    entry = AuditEntry.objects.get(action="command.stop")
+    entry = AuditEntry.objects.get(action="command.stop", cluster_id=world.cluster.pk)
     assert (entry.outcome, entry.actor_name, entry.target) == ("denied", "vik", "run:run-1")
 
 

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from apps.access.choices import Action
 from apps.access.selectors import user_may
+from apps.access.services import attempt_hidden_record
 from apps.alerts.choices import (
     OPEN_STATES,
     SEVERITY_RANK,
@@ -197,6 +198,18 @@ def alert_acknowledge_authorize(
         cluster=alert.cluster, target=f"alert:{alert.pk}", reason=note, request=request,
     )  # fmt: skip
     return False
+
+
+def alert_acknowledge_hidden(*, user: Any, alert_id: int, request: Any = None) -> None:
+    """An acknowledgement answered 404 (the alert is in a cluster the user holds no role in,
+    or does not exist): recorded as denied in the alert's cluster's audit log."""
+    attempt_hidden_record(
+        user=user,
+        action=AuditAction.ALERT_ACKNOWLEDGE,
+        target=f"alert:{alert_id}",
+        clusters=Cluster.objects.filter(alerts__pk=alert_id),
+        request=request,
+    )
 
 
 def alert_acknowledge(*, alert: Alert, user: Any, note: str = "", request: Any = None) -> Alert:

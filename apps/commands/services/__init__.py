@@ -2,6 +2,7 @@
 
 from apps.commands.services.core import (
     CommandConflict,
+    IdempotencyMismatch,
     command_advance,
     command_create,
     command_transition,
@@ -10,8 +11,11 @@ from apps.commands.services.issue import (
     CommandDenied,
     CommandInvalid,
     command_ack,
+    command_ack_refused,
+    command_invalid_record,
     command_issue,
     commands_deliver,
+    idempotency_scope,
 )
 from apps.commands.services.nodes import HookFailed, hook_argv, node_cordon, node_uncordon
 from apps.commands.services.policy import critical_finding, policy_apply
@@ -22,15 +26,19 @@ __all__ = [
     "CommandDenied",
     "CommandInvalid",
     "HookFailed",
+    "IdempotencyMismatch",
     "checkpoint_evaluate",
     "command_ack",
+    "command_ack_refused",
     "command_advance",
     "command_create",
+    "command_invalid_record",
     "command_issue",
     "command_transition",
     "commands_deliver",
     "commands_sweep",
     "critical_finding",
+    "idempotency_scope",
     "hook_argv",
     "node_cordon",
     "node_uncordon",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -10,7 +12,12 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from apps.commands.choices import ALLOWED_PREVIOUS, STATE_TIMESTAMP, TERMINAL_STATES
+from apps.commands.choices import (
+    ALLOWED_PREVIOUS,
+    IDEMPOTENCY_SYSTEM,
+    STATE_TIMESTAMP,
+    TERMINAL_STATES,
+)
 from apps.commands.models import Command, CommandTransition
 from apps.commands.services.broadcast import command_broadcast_on_commit
 
@@ -23,11 +30,33 @@ class CommandConflict(Exception):
         self.command, self.to_state = command, to_state
 
 
+class IdempotencyMismatch(Exception):
+    """The idempotency key already names a command made for another request (another kind,
+    target or args): 422, as the IETF Idempotency-Key draft recommends."""
+
+    def __init__(self, command: Command) -> None:
+        super().__init__(
+            "this Idempotency-Key was sent with another request (kind, target or args): "
+            "use a new key"
+        )
+        self.command = command
+
+
+def request_fingerprint(
+    *, kind: str, run_id: int | None, node_id: int | None, args: dict | None
+) -> str:
+    """What a key is bound to: a digest of the command's kind, target and args as asked."""
+    asked = {"kind": str(kind), "run": run_id, "node": node_id, "args": args or {}}
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
+
+
 def command_create(
     *,
     cluster_id: int,
     kind: str,
     idempotency_key: str,
+    idempotency_scope: str = IDEMPOTENCY_SYSTEM,
+    fingerprint: str = "",
     run_id: int | None = None,
     node_id: int | None = None,
     args: dict | None = None,
@@ -36,14 +65,30 @@ def command_create(
     parent_id: uuid.UUID | None = None,
     now: datetime | None = None,
 ) -> tuple[Command, bool]:
-    """The cluster's command with this idempotency key: the existing one (created False) or a
-    new issued one (created True). Two requests racing with one key make one command: the
-    unique constraint decides, and the loser reads the winner's row."""
-    existing = Command.objects.filter(cluster_id=cluster_id, idempotency_key=idempotency_key)
-    found = existing.first()
-    if found is not None:
-        return found, False
+    """The command this key names in the cluster and scope: the existing one (created False)
+    or a new issued one (created True). Two requests racing with one key make one command:
+    the unique constraint decides, and the loser reads the winner's row.
+
+    `fingerprint` (request_fingerprint; computed from kind, target and args when empty) binds
+    the key: a live key sent with another fingerprint raises IdempotencyMismatch. A key of a
+    user or token scope lives COMMANDS_IDEMPOTENCY_TTL_S after its command was issued; then
+    it is retired (a conditional UPDATE) and names a new command. System keys never expire."""
     now = now or timezone.now()
+    fingerprint = fingerprint or request_fingerprint(
+        kind=kind, run_id=run_id, node_id=node_id, args=args
+    )
+    live = Command.objects.filter(
+        cluster_id=cluster_id,
+        idempotency_scope=idempotency_scope,
+        idempotency_key=idempotency_key,
+        idempotency_live=True,
+    )
+    found = live.first()
+    if found is not None and not _key_expired(found, now):
+        return _same_request(found, fingerprint), False
+    if found is not None:
+        # racing reusers both retire it (the second finds nothing left): the insert decides
+        live.filter(pk=found.pk).update(idempotency_live=False)
     try:
         with transaction.atomic():
             command = Command.objects.create(
@@ -54,6 +99,8 @@ def command_create(
                 args=args or {},
                 reason=reason,
                 idempotency_key=idempotency_key,
+                idempotency_scope=idempotency_scope,
+                idempotency_fingerprint=fingerprint,
                 issued_by_id=issued_by_id,
                 parent_id=parent_id,
                 issued_at=now,
@@ -63,12 +110,26 @@ def command_create(
                 command=command, from_state="", to_state=command.state, at=now
             )
     except IntegrityError:
-        found = existing.first()
+        found = live.first()
         if found is None:
             raise
-        return found, False
+        return _same_request(found, fingerprint), False
     command_broadcast_on_commit(command_id=command.pk)
     return command, True
+
+
+def _key_expired(command: Command, now: datetime) -> bool:
+    if command.idempotency_scope == IDEMPOTENCY_SYSTEM:
+        return False
+    ttl = timedelta(seconds=settings.COMMANDS_IDEMPOTENCY_TTL_S)
+    return command.issued_at + ttl <= now
+
+
+def _same_request(command: Command, fingerprint: str) -> Command:
+    # commands made before keys were bound have no fingerprint: they answer as before
+    if command.idempotency_fingerprint and command.idempotency_fingerprint != fingerprint:
+        raise IdempotencyMismatch(command)
+    return command
 
 
 def command_advance(

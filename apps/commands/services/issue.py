@@ -11,13 +11,26 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.access.selectors import user_may
+from apps.audit.choices import Outcome
 from apps.audit.services import audit_record
 from apps.clusters.models import Cluster, Node
-from apps.commands.choices import NODE_KINDS, RUN_KINDS, CommandKind, CommandState
+from apps.commands.choices import (
+    IDEMPOTENCY_SYSTEM,
+    NODE_KINDS,
+    RUN_KINDS,
+    CommandKind,
+    CommandState,
+)
 from apps.commands.models import Command, CommandTransition
 from apps.commands.plan import run_plan
 from apps.commands.selectors import commands_pending
-from apps.commands.services.core import CommandConflict, command_create, command_transition
+from apps.commands.services.core import (
+    CommandConflict,
+    IdempotencyMismatch,
+    command_create,
+    command_transition,
+    request_fingerprint,
+)
 from apps.commands.services.nodes import HookFailed, node_cordon, node_uncordon
 from apps.commands.wakeups import commands_wake_on_commit
 from apps.runs.models import Run
@@ -53,11 +66,14 @@ def command_issue(
     """Issue a command (or find the one this idempotency key made: created False).
 
     `user` None is the system acting (a drain's own steps, a policy), named by actor_kind
-    and actor_name. Every attempt is audited, a denied one too (CommandDenied). Node kinds
-    are carried out here: cordon / uncordon end succeeded or failed (a failing scheduler
-    hook fails the command), a drain cordons and checkpoints the node's runs."""
-    _validate(cluster=cluster, kind=kind, run=run, node=node)
-    target = f"run:{run.name}" if kind in RUN_KINDS else f"node:{node.name}"
+    and actor_name; its keys live in the system scope, a user's in the scope of the user or
+    of the personal token the request came with (idempotency_scope). The key is bound to
+    kind, target and args: another request with it raises IdempotencyMismatch. Every
+    attempt is audited: a denied one (CommandDenied), an invalid one (CommandInvalid,
+    IdempotencyMismatch: outcome `invalid`) too. Node kinds are carried out here: cordon /
+    uncordon end succeeded or failed (a failing scheduler hook fails the command), a drain
+    cordons and checkpoints the node's runs."""
+    target = f"run:{run.name}" if run is not None else f"node:{node.name}" if node else ""
     audit = {
         "actor_user": user,
         "actor_kind": actor_kind,
@@ -67,25 +83,41 @@ def command_issue(
         "reason": reason,
         "request": request,
     }
+    try:
+        _validate(cluster=cluster, kind=kind, run=run, node=node)
+    except CommandInvalid as invalid:
+        _audit_invalid(kind=kind, audit=audit, loc=invalid.loc, msg=invalid.msg)
+        raise
     if user is not None and not user_may(user=user, cluster=cluster, action="operate"):
-        audit_record(action=f"command.{kind}", outcome="denied", **audit)
+        audit_record(action=f"command.{kind}", outcome=Outcome.DENIED, **audit)
         raise CommandDenied(f"you may not operate on cluster {cluster.name}")
+    # the key is bound to the request as asked (resume's args before the plan fills them)
+    fingerprint = request_fingerprint(
+        kind=kind, run_id=getattr(run, "pk", None), node_id=getattr(node, "pk", None), args=args
+    )
     if kind == CommandKind.RESUME:
         args = _resume_args(run=run, args=args or {})
-    command, created = command_create(
-        cluster_id=cluster.pk,
-        kind=kind,
-        idempotency_key=idempotency_key,
-        run_id=run.pk if run else None,
-        node_id=node.pk if node else None,
-        args=args,
-        reason=reason,
-        issued_by_id=getattr(user, "pk", None),
-        parent_id=parent.pk if parent else None,
-    )
+    try:
+        command, created = command_create(
+            cluster_id=cluster.pk,
+            kind=kind,
+            idempotency_key=idempotency_key,
+            idempotency_scope=idempotency_scope(user=user, request=request),
+            fingerprint=fingerprint,
+            run_id=run.pk if run else None,
+            node_id=node.pk if node else None,
+            args=args,
+            reason=reason,
+            issued_by_id=getattr(user, "pk", None),
+            parent_id=parent.pk if parent else None,
+        )
+    except IdempotencyMismatch as mismatch:
+        _audit_invalid(kind=kind, audit=audit, loc="Idempotency-Key", msg=str(mismatch),
+                       command=str(mismatch.command.pk))  # fmt: skip
+        raise
     audit_record(
         action=f"command.{kind}",
-        outcome="allowed",
+        outcome=Outcome.ALLOWED,
         detail={"command": str(command.pk), "created": created},
         **audit,
     )
@@ -94,6 +126,43 @@ def command_issue(
     elif created:
         commands_wake_on_commit(command=command)
     return command, created
+
+
+def idempotency_scope(*, user: Any, request: Any = None) -> str:
+    """Whose idempotency keys these are: the personal token a request came with, else the
+    user; the system's own (no user) live apart from every request's."""
+    if user is None:
+        return IDEMPOTENCY_SYSTEM
+    token = getattr(request, "user_token", None)
+    return f"token:{token.pk}" if token is not None else f"user:{user.pk}"
+
+
+def command_invalid_record(
+    *,
+    user: Any,
+    kind: str,
+    loc: str,
+    msg: str,
+    cluster: Cluster | None = None,
+    target: str = "",
+    reason: str = "",
+    request: Any = None,
+) -> None:
+    """Audit a command refused as invalid before it reached command_issue (the API's and the
+    pages' own checks: no target, a target named ambiguously, a form that does not validate):
+    outcome `invalid`, naming the field."""
+    audit = {"actor_user": user, "cluster": cluster, "target": target, "reason": reason,
+             "request": request}  # fmt: skip
+    _audit_invalid(kind=kind, audit=audit, loc=loc, msg=msg)
+
+
+def _audit_invalid(*, kind: str, audit: dict[str, Any], loc: str, msg: str, **detail) -> None:
+    audit_record(
+        action=f"command.{kind}",
+        outcome=Outcome.INVALID,
+        detail={"loc": loc, "msg": msg, **detail},
+        **audit,
+    )
 
 
 def _validate(*, cluster: Cluster, kind: str, run: Run | None, node: Node | None) -> None:
@@ -201,6 +270,21 @@ def _redeliver(*, command: Command, node_name: str, now) -> bool:
                 detail={"node": node_name, "redelivered": True},
             )
     return bool(moved)
+
+
+def command_ack_refused(*, command: Command, state: str, outcome: str, why: str, request) -> None:
+    """Record an acknowledgement the API refused before it reached the state machine: a
+    node-bound token acking what its nodes were not handed (denied), a checkpoint accepted
+    without its step (invalid)."""
+    audit_record(
+        action="command.ack",
+        outcome=outcome,
+        actor_kind="agent",
+        cluster=command.cluster,
+        target=f"command:{command.pk}",
+        detail={"state": state, "why": why},
+        request=request,
+    )
 
 
 def command_ack(

@@ -13,7 +13,7 @@ from typing import Any
 
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Node
-from apps.commands.choices import CommandKind
+from apps.commands.choices import IDEMPOTENCY_SYSTEM, CommandKind
 from apps.commands.models import AutoCordonPolicy, Command
 from apps.commands.services.issue import command_issue
 
@@ -53,7 +53,8 @@ def critical_finding(alert: dict[str, Any]) -> str | None:
 
 
 def policy_key(alert_id: int) -> str:
-    """The idempotency key of the cordon an alert causes: one per alert, ever."""
+    """The idempotency key of the cordon an alert causes: one per alert, ever (a system key:
+    it never expires, and no request's key can name it)."""
     return f"policy:alert:{alert_id}"
 
 
@@ -70,7 +71,8 @@ def policy_apply(*, alert: dict[str, Any]) -> Command | None:
     if policy is None or not policy.covers(finding):
         return None
     key = policy_key(alert["id"])
-    if Command.objects.filter(cluster_id=alert["cluster_id"], idempotency_key=key).exists():
+    mine = Command.objects.filter(idempotency_scope=IDEMPOTENCY_SYSTEM, idempotency_key=key)
+    if mine.filter(cluster_id=alert["cluster_id"]).exists():
         return None  # this alert acted already (it escalated after opening, say)
     node = Node.objects.select_related("cluster").filter(pk=alert["node_id"]).first()
     if node is None or node.state in (NodeState.CORDONED, NodeState.DRAINING):

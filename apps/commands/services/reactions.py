@@ -4,11 +4,15 @@ expire. Called from the state machine, the ack, and the periodic sweep (never fr
 from __future__ import annotations
 
 import contextlib
+import uuid
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Min
 from django.utils import timezone
 
+from apps.audit.choices import ActorKind, AuditAction, Outcome
+from apps.audit.services import audit_record
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Node
 from apps.commands.choices import LIVE_STATES, CommandKind, CommandState
@@ -20,6 +24,7 @@ from apps.runs.models import Run
 from apps.runs.services import run_mark_running, run_mark_stopped
 
 SYSTEM = {"user": None, "actor_kind": "policy", "actor_name": "drain"}
+EXPIRY_ACTOR = "expiry sweep"
 
 
 def drain_start(*, command: Command, node: Node, actor: dict[str, Any]) -> Command:
@@ -149,6 +154,25 @@ def checkpoint_evaluate(*, command: Command) -> Command:
     return command
 
 
+def command_expire(*, command_id: uuid.UUID | str) -> bool:
+    """Expire a live command; whether this call did (False: it was expired already). The
+    expiry is audited (`command.expire` by the system) in the same transaction. Raises
+    CommandConflict when the command finished meanwhile."""
+    with transaction.atomic():
+        command, moved = command_transition(command_id=command_id, to_state=CommandState.EXPIRED)
+        if moved:
+            audit_record(
+                action=AuditAction.COMMAND_EXPIRE,
+                outcome=Outcome.SUCCEEDED,
+                actor_kind=ActorKind.SYSTEM,
+                actor_name=EXPIRY_ACTOR,
+                cluster=command.cluster,
+                target=f"command:{command.pk}",
+                detail={"kind": command.kind, "expires_at": command.expires_at.timestamp()},
+            )
+    return moved
+
+
 def commands_sweep() -> dict[str, int]:
     """Beat's pass: expire the live commands past expires_at, judge accepted checkpoints."""
     now = timezone.now()
@@ -159,7 +183,7 @@ def commands_sweep() -> dict[str, int]:
     ).values_list("pk", flat=True)
     for pk in list(late):
         with contextlib.suppress(CommandConflict):  # finished meanwhile
-            expired += command_transition(command_id=pk, to_state=CommandState.EXPIRED)[1]
+            expired += command_expire(command_id=pk)
     accepted = Command.objects.filter(kind=CommandKind.CHECKPOINT, state=CommandState.ACCEPTED)
     for command in accepted:
         judged += checkpoint_evaluate(command=command).state != CommandState.ACCEPTED

@@ -27,6 +27,7 @@ from apps.alerts.services import (
     AlertResolved,
     alert_acknowledge,
     alert_acknowledge_authorize,
+    alert_acknowledge_hidden,
 )
 from apps.dashboard.charts import alert as alert_charts
 from apps.dashboard.charts.alert import AlertWindow
@@ -68,6 +69,7 @@ def alert_ack(request: HttpRequest, alert_id: int) -> HttpResponse:
     """Acknowledge with a note (CSRF-protected form; operate on the alert's cluster)."""
     alert = alert_get(alert_id=alert_id, visible=clusters_visible(user=request.user))
     if alert is None:
+        alert_acknowledge_hidden(user=request.user, alert_id=alert_id, request=request)
         raise Http404("no such alert")
     note = request.POST.get("note", "")[:2000]
     if not alert_acknowledge_authorize(user=request.user, alert=alert, note=note, request=request):
