@@ -1,5 +1,5 @@
 from django.http import HttpRequest
-from ninja import Router, Schema
+from ninja import Field, Router, Schema
 
 from apps.access.auth import reader_auth
 from apps.access.selectors import request_cluster_filter
@@ -37,6 +37,14 @@ class RunOut(Schema):
     ranks: int
     last_step: int | None
     last_step_at: float | None
+    restarts: int = Field(
+        0, description="times the step counter went back (a resume, a resubmitted job)"
+    )
+    timeline_after: float | None = Field(
+        None,
+        description="the newest report before the latest restart: last_step and the "
+        "detectors follow the reports after it (null: no restart)",
+    )
     tokens_per_s: float | None
     goodput: GoodputOut | None
     checkpoint: CheckpointOut

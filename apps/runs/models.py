@@ -14,6 +14,18 @@ class Run(models.Model):
     last_step = models.BigIntegerField(null=True, blank=True)
     last_step_at = models.DateTimeField(null=True, blank=True)
     world_size = models.IntegerField(default=0, help_text="highest rank seen + 1")
+    # A step counter that goes back is a restart (a resume from a checkpoint, a job submitted
+    # again under the name): the run's newest steps are those reported since its timeline
+    # began, and last_step is the highest of them (apps.runs.services.runs_touch).
+    timeline_after = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="the newest report before the step counter last went back: the current "
+        "timeline is every report after it (none: since the run began)",
+    )
+    restarts = models.IntegerField(
+        default=0, db_default=0, help_text="times the step counter went back"
+    )
     ended_at = models.DateTimeField(
         null=True, blank=True, help_text="the newest run_end event's time, while ended"
     )

@@ -41,6 +41,8 @@ def run_summary(*, run: Run, now: float | None = None) -> dict[str, Any]:
         "ranks": run.world_size,
         "last_step": run.last_step,
         "last_step_at": run.last_step_at.timestamp() if run.last_step_at else None,
+        "restarts": run.restarts,
+        "timeline_after": run.timeline_after.timestamp() if run.timeline_after else None,
         "tokens_per_s": _tokens_per_s(run),
         "goodput": run_goodput(run=run, now=now),
         "checkpoint": {

@@ -42,37 +42,62 @@ class RunSeen:
 RUN_RESUME_AFTER_S = 60.0
 _RESUMED = (
     "runs_run.ended_at IS NOT NULL AND EXCLUDED.last_step_at >"
-    " runs_run.ended_at + make_interval(secs => %s)"
+    " runs_run.ended_at + make_interval(secs => %(resume_after)s)"
 )
 
 
+# A drain whose highest step is this far below the run's, reported after the run's newest
+# step, is a restart: the step counter went back. Ranks of one synchronous job are within a
+# step or two of each other, and a late batch from a spool carries its old times.
+RESTART_STEPS = 10
+_RESTARTED = (
+    "runs_run.last_step IS NOT NULL AND EXCLUDED.last_step < runs_run.last_step - %(back)s"
+    " AND EXCLUDED.last_step_at > runs_run.last_step_at"
+)
+# SET sees the row as it was: every CASE judges the same old values
+_RUNS_TOUCH_SQL = f"""
+INSERT INTO runs_run (cluster_id, name, state, first_step, last_step, last_step_at,
+                      restarts, world_size, created_at)
+VALUES (%(cluster)s, %(name)s, 'running', %(first)s, %(last)s, %(last_at)s, 0, %(world)s,
+        now())
+ON CONFLICT (cluster_id, name) DO UPDATE SET
+  first_step = LEAST(runs_run.first_step, EXCLUDED.first_step),
+  last_step = CASE WHEN {_RESTARTED} THEN EXCLUDED.last_step
+              ELSE GREATEST(runs_run.last_step, EXCLUDED.last_step) END,
+  last_step_at = GREATEST(runs_run.last_step_at, EXCLUDED.last_step_at),
+  timeline_after = CASE WHEN {_RESTARTED} THEN runs_run.last_step_at
+                   ELSE runs_run.timeline_after END,
+  restarts = runs_run.restarts + CASE WHEN {_RESTARTED} THEN 1 ELSE 0 END,
+  world_size = GREATEST(runs_run.world_size, EXCLUDED.world_size),
+  state = CASE WHEN {_RESUMED} THEN 'running' ELSE runs_run.state END,
+  ended_at = CASE WHEN {_RESUMED} THEN NULL ELSE runs_run.ended_at END
+RETURNING id
+"""
+
+
 def runs_touch(*, seen: dict[tuple[int, str], RunSeen]) -> dict[tuple[int, str], int]:
-    """Create runs on first sight and widen their step range; returns (cluster, name) → id."""
+    """Create runs on first sight and widen their step range; returns (cluster, name) → id.
+
+    A drain whose steps went back (RESTART_STEPS below the run's highest, reported after
+    it) starts a new timeline: last_step becomes the drain's, timeline_after the old
+    timeline's newest report (every later report is the new one's), restarts counts it.
+    The detectors' window and the run's summary follow the newest timeline, so a resumed
+    run that progresses is no hang."""
     ids: dict[tuple[int, str], int] = {}
     with connection.connection.cursor() as cursor:
         for (cluster_id, name), run in sorted(seen.items(), key=lambda item: item[0]):
             cursor.execute(
-                "INSERT INTO runs_run (cluster_id, name, state, first_step, last_step,"
-                " last_step_at, world_size, created_at)"
-                " VALUES (%s, %s, 'running', %s, %s, %s, %s, now())"
-                " ON CONFLICT (cluster_id, name) DO UPDATE SET"
-                "  first_step = LEAST(runs_run.first_step, EXCLUDED.first_step),"
-                "  last_step = GREATEST(runs_run.last_step, EXCLUDED.last_step),"
-                "  last_step_at = GREATEST(runs_run.last_step_at, EXCLUDED.last_step_at),"
-                "  world_size = GREATEST(runs_run.world_size, EXCLUDED.world_size),"
-                f"  state = CASE WHEN {_RESUMED} THEN 'running' ELSE runs_run.state END,"
-                f"  ended_at = CASE WHEN {_RESUMED} THEN NULL ELSE runs_run.ended_at END"
-                " RETURNING id",
-                [
-                    cluster_id,
-                    name,
-                    run.first_step,
-                    run.last_step,
-                    run.last_step_at,
-                    run.world_size,
-                    RUN_RESUME_AFTER_S,
-                    RUN_RESUME_AFTER_S,
-                ],
+                _RUNS_TOUCH_SQL,
+                {
+                    "cluster": cluster_id,
+                    "name": name,
+                    "first": run.first_step,
+                    "last": run.last_step,
+                    "last_at": run.last_step_at,
+                    "world": run.world_size,
+                    "back": RESTART_STEPS,
+                    "resume_after": RUN_RESUME_AFTER_S,
+                },
             )
             ids[cluster_id, name] = cursor.fetchone()[0]
     return ids

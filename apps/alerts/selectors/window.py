@@ -159,16 +159,18 @@ def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[
     # One branch per run with its own bounds as literals (Django binds client-side): the
     # planner then sees how few rows `step > n` leaves. A join against unnest()'d bounds
     # hid them, and on a 22 M-report table it chose a parallel scan of every row (22 s).
+    # Only the run's current timeline: after a restart (its step counter went back) the old
+    # timeline's reports of the same step numbers are history, not progress.
     branch = (
         f"(SELECT s.run_id, s.node_id, {_STEPROW_COLUMNS} FROM runs_stepreport s"
-        " WHERE s.run_id = %s AND s.step > %s"
+        " WHERE s.run_id = %s AND s.step > %s AND s.ts > %s"
         + ("" if until is None else " AND s.ts <= to_timestamp(%s)")
         + ")"
     )
     sql = " UNION ALL ".join([branch] * len(runs)) + " ORDER BY 1, 4, 3"  # run, step, rank
     params: list[Any] = []
     for run in runs:
-        params += [run.id, (run.last_step or 0) - settings.ALERT_STEP_WINDOW]
+        params += [run.id, (run.last_step or 0) - settings.ALERT_STEP_WINDOW, _after(run, until)]
         params += [] if until is None else [until]
     by_run: dict[int, list[StepRow]] = {}
     with connection.cursor() as cursor:
@@ -181,6 +183,15 @@ def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[
                 StepRow(names.get(node_id, str(node_id)), *row[2:])
             )
     return by_run
+
+
+def _after(run: Run, until: float | None) -> datetime:
+    """Reports after this are the run's current timeline (as of `until`, when replaying:
+    a restart later than that had not happened yet)."""
+    after = run.timeline_after
+    if after is None or (until is not None and after.timestamp() >= until):
+        return datetime.min.replace(tzinfo=UTC)
+    return after
 
 
 def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]:
