@@ -46,9 +46,8 @@ def server_transports() -> dict[str, dict]:
     listens on its socket only; the machine's own listens on both. Asked of the server at
     collection time, before the test database exists, on the database the settings name."""
     db = settings.DATABASES["default"]
-    session = {"user": db["USER"] or "postgres", "dbname": db["NAME"]}
     session_host = db["HOST"] or "127.0.0.1"
-    with psycopg.connect(host=session_host, port=db["PORT"] or 5432, **session) as conn:
+    with _server_connection(session_host, db) as conn:
         listen, port, sockets = (
             conn.execute(f"SHOW {name}").fetchone()[0]
             for name in ("listen_addresses", "port", "unix_socket_directories")
@@ -64,6 +63,17 @@ def server_transports() -> dict[str, dict]:
     if socket_dir and Path(socket_dir, f".s.PGSQL.{port}").exists():
         transports["unix"] = {"host": socket_dir, "port": int(port)}
     return transports
+
+
+def _server_connection(host: str, db: dict) -> psycopg.Connection:
+    """A connection to the session's server: to the database the settings name, or, as
+    Django does when it makes the test database, to `postgres` when that one does not exist
+    (pytest-django needs only the server)."""
+    params = {"host": host, "port": db["PORT"] or 5432, "user": db["USER"] or "postgres"}
+    try:
+        return psycopg.connect(dbname=db["NAME"], **params)
+    except psycopg.OperationalError:
+        return psycopg.connect(dbname="postgres", **params)
 
 
 def pytest_generate_tests(metafunc):
