@@ -29,6 +29,7 @@ from apps.clusters.services import token_revoke
 @admin.register(ClusterRole)
 class ClusterRoleAdmin(ClusterScopedAdmin):
     scope_roles = ADMINISTERED
+    audited_by_services = True  # role_grant / role_move / role_revoke write the entries
     list_display = ["user", "cluster", "role"]
     list_filter = ["role", "cluster"]
     search_fields = ["user__username", "cluster__name"]

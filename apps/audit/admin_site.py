@@ -24,19 +24,30 @@ PENDING = "_audit_admin_deletes"
 
 class AuditedAdminMixin:
     """Records the admin's changes in the audit log, with the admin user, client address
-    and request id, and the object's cluster when it has one."""
+    and request id, and the object's cluster when it has one. An admin whose saves and
+    deletes go through services that audit them (roles, hooks, auto-cordon policies) sets
+    `audited_by_services = True`: one entry per change, the service's, which says more."""
+
+    def _audited_here(self) -> bool:
+        # read through getattr: this mixin comes first in the wrapped class's MRO, so a
+        # default set here would hide the ModelAdmin's own
+        return not getattr(self, "audited_by_services", False)
 
     def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
         logged = super().log_addition(request, obj, message)  # type: ignore[misc]
-        _record(request, AuditAction.ADMIN_ADD, _described(obj), message)
+        if self._audited_here():
+            _record(request, AuditAction.ADMIN_ADD, _described(obj), message)
         return logged
 
     def log_change(self, request: HttpRequest, obj: Any, message: Any) -> Any:
         logged = super().log_change(request, obj, message)  # type: ignore[misc]
-        _record(request, AuditAction.ADMIN_CHANGE, _described(obj), message)
+        if self._audited_here():
+            _record(request, AuditAction.ADMIN_CHANGE, _described(obj), message)
         return logged
 
     def log_deletions(self, request: HttpRequest, queryset: Any) -> Any:
+        if not self._audited_here():
+            return super().log_deletions(request, queryset)  # type: ignore[misc]
         # called before the delete: the entries wait until it has happened
         pending = getattr(request, PENDING, [])
         pending.extend(_described(obj) for obj in queryset)

@@ -87,6 +87,7 @@ class AutoCordonPolicyAdmin(ClusterScopedAdmin):
     audited."""
 
     scope_roles = ADMINISTERED
+    audited_by_services = True  # policy.configure / policy.delete (below) say more
 
     list_display = ["cluster", "enabled", "on_ecc", "on_xid", "on_sdc"]
     list_filter = ["enabled"]

@@ -3,6 +3,7 @@
 import pytest
 from django.test import Client, override_settings
 
+from apps.access.services import user_token_issue
 from apps.alerts.models import Alert
 from apps.alerts.services import alerts_sync
 from apps.audit.models import AuditEntry
@@ -197,3 +198,16 @@ def test_a_note_too_long_is_rejected(alerts):
     )
     assert response.status_code == 400
     assert response.json()["errors"][0]["loc"] == "note"
+
+
+def test_an_operators_personal_token_acknowledges_and_a_viewers_is_refused(alerts):
+    path = f"/api/v1/alerts/{alerts['xid'].pk}/ack"
+    viewer = user_token_issue(user=make_operator("vera", may_acknowledge=False))[1]
+    refused = reader(viewer).post(path, {"note": "x"}, content_type="application/json")
+    assert refused.status_code == 403
+    assert Alert.objects.get(pk=alerts["xid"].pk).state == "firing"
+    operator = user_token_issue(user=make_operator("otto"))[1]
+    done = reader(operator).post(path, {"note": "on it"}, content_type="application/json")
+    assert done.status_code == 200 and done.json()["state"] == "acknowledged"
+    entry = AuditEntry.objects.get(target=f"alert:{alerts['xid'].pk}", outcome="succeeded")
+    assert (entry.actor_name, entry.actor_kind, entry.reason) == ("otto", "token", "on it")
