@@ -69,8 +69,9 @@ def agent_actor_name(token: Any) -> str:
 
 
 def agent_token_detail(token: Any) -> dict[str, Any]:
-    # id and name only: the ingest path's token lookup loads no more (apps.clusters.selectors)
-    return {"id": token.pk, "name": token.name}
+    # what the ingest path's token lookup loads (apps.clusters.selectors): id, name and the
+    # nodes it is bound to (none: cluster-wide, trusted with every node of the cluster)
+    return {"id": token.pk, "name": token.name, "nodes": list(token.nodes or [])}
 
 
 def agent_token_audit(
@@ -85,7 +86,7 @@ def agent_token_audit(
         actor_name="" if actor is not None else "manage.py",
         cluster=SimpleNamespace(pk=token["cluster_id"], name=token["cluster_name"]),
         target=f"agent_token:{token['id']}",
-        detail={"agent_token": {key: token[key] for key in ("id", "name", "prefix")}},
+        detail={"agent_token": {key: token[key] for key in ("id", "name", "prefix", "nodes")}},
         request=request,
     )
 

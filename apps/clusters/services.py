@@ -69,6 +69,7 @@ def _announce(action: str, token: AgentToken, actor: Any, request: Any) -> None:
         "id": token.pk,
         "name": token.name,
         "prefix": token.prefix,
+        "nodes": list(token.nodes),  # none: cluster-wide
         "cluster_id": token.cluster_id,
         "cluster_name": token.cluster.name,
     }

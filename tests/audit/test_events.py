@@ -142,7 +142,7 @@ def test_agent_tokens_issued_and_revoked_are_audited_with_their_actor(alpha, roo
         "manage.py", alpha.pk, "succeeded"
     )  # fmt: skip
     assert issued.detail["agent_token"] == {"id": token.pk, "name": "rack-7",
-                                            "prefix": token.prefix}  # fmt: skip
+                                            "prefix": token.prefix, "nodes": []}  # fmt: skip
     assert out.getvalue().strip() not in str(issued.detail)  # never the secret
     revoked = root.post("/admin/clusters/agenttoken/",
                         {"action": "revoke", "_selected_action": [token.pk]})  # fmt: skip
@@ -200,7 +200,7 @@ def test_an_agent_acting_is_named_by_its_token(alpha, olga, name, actor):
     assert acked.status_code == 200, acked.content
     [entry] = entries(action="command.ack", target=f"command:{command.pk}")
     assert (entry.actor_kind, entry.actor_name) == ("agent", actor.format(id=token.pk))
-    assert entry.detail["agent_token"] == {"id": token.pk, "name": name}
+    assert entry.detail["agent_token"] == {"id": token.pk, "name": name, "nodes": []}
 
 
 def test_the_audit_page_and_api_show_every_new_kind(alpha, root):

@@ -82,6 +82,7 @@ def test_it_acknowledges_only_commands_handed_to_its_nodes(live_stack, world, no
     assert refused.json()["errors"][0]["loc"] == "command_id"
     denied = AuditEntry.objects.get(target=f"command:{theirs['id']}", outcome="denied")
     assert denied.action == "command.ack" and "gpu-01-agent" in denied.actor_name
+    assert denied.detail["agent_token"]["nodes"] == ["node-01", "gpu-[001-004]"]
     with client(live_stack, world.operator_secret) as operator:
         assert operator.get(f"/api/v1/commands/{theirs['id']}").json()["state"] == "delivered"
 
