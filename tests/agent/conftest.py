@@ -88,3 +88,15 @@ def closed_port_url() -> str:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def supervisors():
+    """Started `opsboard-agent supervise` processes, SIGTERMed after the test (which stops
+    their jobs: tests/agent/test_supervise_*.py)."""
+    procs = []
+    yield procs.append
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)

@@ -46,16 +46,6 @@ def stub(loopback):
     return CommandStub(loopback)
 
 
-@pytest.fixture
-def supervisors():
-    procs = []
-    yield procs.append
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(30)
-
-
 def supervise(stub, tmp_path, mode: str, *, grace: float = 1.5, env=None):
     (tmp_path / "child.py").write_text(CHILD)
     job = [sys.executable, str(tmp_path / "child.py"), str(tmp_path / "log"), mode]

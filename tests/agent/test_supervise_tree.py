@@ -47,17 +47,6 @@ def stub(loopback):
     return CommandStub(loopback)
 
 
-@pytest.fixture
-def supervisors():
-    """Started supervisors, SIGTERMed (which stops their jobs) after the test."""
-    procs = []
-    yield procs.append
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(60)
-
-
 def cgroups_here() -> bool:
     probe = jobtree.cgroup_create(f"opsboard-probe-{uuid.uuid4().hex}")
     if probe is None:
