@@ -14,7 +14,7 @@ from apps.access.auth import reader_auth, user_token_auth
 from apps.access.selectors import clusters_visible
 from apps.clusters.models import Node
 from apps.commands import services
-from apps.commands.choices import REASON_MAX_LENGTH, CommandKind, CommandState
+from apps.commands.choices import NODE_KINDS, REASON_MAX_LENGTH, CommandKind, CommandState
 from apps.commands.longpoll import REDIRECTS_HEADER
 from apps.commands.longpoll_wsgi import longpoll_redirect, poll_sync
 from apps.commands.plan import run_plan
@@ -163,8 +163,25 @@ class PlanOut(Schema):
 @router.post(
     "/commands",
     auth=[user_token_auth, SessionAuth()],
-    response={200: CommandOut, 201: CommandOut, 400: Errors, 401: Errors, 403: Errors, 404: Errors},
+    response={
+        200: CommandOut,
+        201: CommandOut,
+        202: CommandOut,
+        400: Errors,
+        401: Errors,
+        403: Errors,
+        404: Errors,
+        409: Errors,
+    },
     summary="Issue a command (operators; the same Idempotency-Key again: the same command)",
+    description=(
+        "A run command answers `201`. A node command (cordon, uncordon, drain) answers `202` "
+        "while still `issued`: its scheduler hook runs in a task, and the command's state "
+        "tells its outcome (`succeeded` / `failed` with the hook's result; a drain becomes "
+        "`accepted`). A second drain of a node whose drain is live answers `200` with that "
+        "drain; a cordon or uncordon while the node drains answers `409`. The same "
+        "Idempotency-Key again answers `200` with the command it made."
+    ),
 )
 def command_create(
     request: HttpRequest,
@@ -197,7 +214,12 @@ def command_create(
         raise FieldError(403, "", str(denied)) from None
     except services.CommandInvalid as invalid:
         raise FieldError(400, invalid.loc, invalid.msg) from None
-    return (201 if created else 200), command_json(command_get(command_id=command.pk))
+    except services.NodeBusy as busy:
+        raise FieldError(409, "node", str(busy)) from None
+    status = 200
+    if created:
+        status = 202 if command.kind in NODE_KINDS else 201
+    return status, command_json(command_get(command_id=command.pk))
 
 
 def _one(model, loc: str, name: str, clusters) -> Any:

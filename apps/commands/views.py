@@ -114,6 +114,9 @@ def _command_form(
     except services.CommandInvalid as invalid:
         form.add_error(None, invalid.msg)
         return _form_page(request, form, target, back, status=400)
+    except services.NodeBusy as busy:
+        form.add_error(None, str(busy))
+        return _form_page(request, form, target, back, status=409)
     _tell(request, command, created)
     return redirect(f"{back}#commands")
 

@@ -13,6 +13,11 @@ from apps.commands.services.issue import (
     command_issue,
     commands_deliver,
 )
+from apps.commands.services.node_commands import (
+    NodeBusy,
+    node_command_carry_out,
+    node_commands_resend,
+)
 from apps.commands.services.nodes import HookFailed, hook_argv, node_cordon, node_uncordon
 from apps.commands.services.policy import critical_finding, policy_apply
 from apps.commands.services.reactions import checkpoint_evaluate, commands_sweep
@@ -22,6 +27,7 @@ __all__ = [
     "CommandDenied",
     "CommandInvalid",
     "HookFailed",
+    "NodeBusy",
     "checkpoint_evaluate",
     "command_ack",
     "command_advance",
@@ -32,6 +38,8 @@ __all__ = [
     "commands_sweep",
     "critical_finding",
     "hook_argv",
+    "node_command_carry_out",
+    "node_commands_resend",
     "node_cordon",
     "node_uncordon",
     "policy_apply",

@@ -18,7 +18,11 @@ from apps.commands.models import Command, CommandTransition
 from apps.commands.plan import run_plan
 from apps.commands.selectors import commands_pending
 from apps.commands.services.core import CommandConflict, command_create, command_transition
-from apps.commands.services.nodes import HookFailed, node_cordon, node_uncordon
+from apps.commands.services.node_commands import (
+    NodeBusy,
+    node_admit,
+    node_command_enqueue_on_commit,
+)
 from apps.commands.wakeups import commands_wake_on_commit
 from apps.runs.models import Run
 
@@ -72,17 +76,25 @@ def command_issue(
         raise CommandDenied(f"you may not operate on cluster {cluster.name}")
     if kind == CommandKind.RESUME:
         args = _resume_args(run=run, args=args or {})
-    command, created = command_create(
-        cluster_id=cluster.pk,
-        kind=kind,
-        idempotency_key=idempotency_key,
-        run_id=run.pk if run else None,
-        node_id=node.pk if node else None,
-        args=args,
-        reason=reason,
-        issued_by_id=getattr(user, "pk", None),
-        parent_id=parent.pk if parent else None,
-    )
+    try:
+        with transaction.atomic():  # a node's admission lock lasts until its command exists
+            folded = _admit(node=node, kind=kind, idempotency_key=idempotency_key)
+            command, created = folded or command_create(
+                cluster_id=cluster.pk,
+                kind=kind,
+                idempotency_key=idempotency_key,
+                run_id=run.pk if run else None,
+                node_id=node.pk if node else None,
+                args=args,
+                reason=reason,
+                issued_by_id=getattr(user, "pk", None),
+                parent_id=parent.pk if parent else None,
+            )
+    except NodeBusy as busy:
+        audit_record(
+            action=f"command.{kind}", outcome="denied", detail={"refused": str(busy)}, **audit
+        )
+        raise
     audit_record(
         action=f"command.{kind}",
         outcome="allowed",
@@ -90,10 +102,19 @@ def command_issue(
         **audit,
     )
     if created and kind in NODE_KINDS:
-        command = _carry_out(command=command, node=node, audit=audit)
+        node_command_enqueue_on_commit(command=command)
     elif created:
         commands_wake_on_commit(command=command)
     return command, created
+
+
+def _admit(*, node: Node | None, kind: str, idempotency_key: str) -> tuple[Command, bool] | None:
+    """A node command's admission (node_commands.node_admit): the live drain a new drain
+    folds into, as (drain, False), or None."""
+    if node is None or kind not in NODE_KINDS:
+        return None
+    drain = node_admit(node=node, kind=kind, idempotency_key=idempotency_key)
+    return (drain, False) if drain is not None else None
 
 
 def _validate(*, cluster: Cluster, kind: str, run: Run | None, node: Node | None) -> None:
@@ -119,34 +140,6 @@ def _resume_args(*, run: Run, args: dict[str, Any]) -> dict[str, Any]:
         filled.setdefault("step", plan["checkpoint"]["step"])
     filled.setdefault("nodes", plan["nodes"])
     return filled
-
-
-def _carry_out(*, command: Command, node: Node, audit: dict[str, Any]) -> Command:
-    """Cordon and uncordon happen now; a drain starts (apps.commands.services.reactions)."""
-    from apps.commands.services.reactions import drain_start
-
-    actor = {key: audit[key] for key in ("actor_user", "actor_kind", "actor_name", "request")}
-    try:
-        if command.kind == CommandKind.CORDON:
-            hook = node_cordon(node=node, reason=command.reason, **actor)
-        elif command.kind == CommandKind.UNCORDON:
-            hook = node_uncordon(node=node, reason=command.reason, **actor)
-        else:
-            return drain_start(command=command, node=node, actor=actor)
-    except HookFailed as failed:
-        return command_transition(
-            command_id=command.pk,
-            to_state=CommandState.FAILED,
-            detail={"hook": failed.result.to_dict()},
-            result={"hook": failed.result.to_dict()},
-        )[0]
-    hook_result = {"hook": hook.to_dict() if hook else None}
-    return command_transition(
-        command_id=command.pk,
-        to_state=CommandState.SUCCEEDED,
-        detail=hook_result,
-        result=hook_result,
-    )[0]
 
 
 def commands_deliver(

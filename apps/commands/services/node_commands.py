@@ -1,0 +1,187 @@
+"""Node commands (cordon, uncordon, drain): admitted one node at a time when issued, carried
+out later in a Celery task (`commands.node_carry_out`), one node at a time, in the order
+they were issued.
+
+Two locks, so that issuing never waits on a hook:
+- admission (command_issue) holds a transaction-scoped advisory lock on the node while it
+  checks for a drain and creates the command: a cordon or uncordon during a live drain is
+  refused (NodeBusy, `409`), a second drain gets the first;
+- carrying out holds the node's row lock (SELECT … FOR UPDATE) around the scheduler hook and
+  the node's new state: two commands of one node never interleave hook and state, so the
+  hook's last call is the node's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from apps.audit.models import AuditEntry
+from apps.clusters.choices import NodeState
+from apps.clusters.models import Node
+from apps.clusters.services import node_mark_down
+from apps.commands.choices import LIVE_STATES, CommandKind, CommandState
+from apps.commands.models import Command
+from apps.commands.services.core import command_transition
+from apps.commands.services.nodes import HookFailed, node_cordon, node_uncordon
+from apps.core.tasks import task_enqueue
+
+logger = logging.getLogger(__name__)
+
+NODE_CARRY_OUT_TASK = "commands.node_carry_out"
+# The advisory lock's first key: the admission of a node's commands (the second is its id).
+ADMISSION_LOCK = 0x0B0A
+
+
+class NodeBusy(Exception):
+    """The node is draining: a cordon or uncordon now would overwrite that (409)."""
+
+    def __init__(self, node: Node, drain: Command | None) -> None:
+        named = f" (drain {drain.pk})" if drain is not None else ""
+        super().__init__(f"node {node.name} is draining{named}: wait for the drain to end")
+        self.node, self.drain = node, drain
+
+
+def node_live_drain(*, node_id: int) -> Command | None:
+    """The node's drain that is not over, if any (the oldest, should there be two)."""
+    live = Command.objects.filter(node_id=node_id, kind=CommandKind.DRAIN, state__in=LIVE_STATES)
+    return live.order_by("issued_at").first()
+
+
+def node_admit(*, node: Node, kind: str, idempotency_key: str) -> Command | None:
+    """Inside the issuing transaction, before the command is created: lock the node's
+    admission until commit, then return the live drain a new drain is folded into (None:
+    create the command). Raises NodeBusy for a cordon or uncordon while the node drains.
+    A key that already named a command of the cluster passes (the request is a repeat: the
+    command it made is returned, whatever happened since)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [ADMISSION_LOCK, node.pk])
+    if Command.objects.filter(cluster_id=node.cluster_id, idempotency_key=idempotency_key).exists():
+        return None
+    drain = node_live_drain(node_id=node.pk)
+    if kind == CommandKind.DRAIN:
+        return drain
+    draining = Node.objects.filter(pk=node.pk, state=NodeState.DRAINING).exists()
+    if drain is not None or draining:
+        raise NodeBusy(node, drain)
+    return None
+
+
+def node_command_enqueue_on_commit(*, command: Command) -> None:
+    """After the issuing transaction commits, hand the command to the task. A lost message
+    (broker down, a worker killed) leaves the command issued: the sweep sends it again."""
+    command_id = str(command.pk)
+    transaction.on_commit(lambda: _enqueue(command_id), robust=True)
+
+
+def _enqueue(command_id: str, *, retry: bool = False) -> None:
+    try:
+        task_enqueue(NODE_CARRY_OUT_TASK, command_id, retry)
+    except Exception:  # the broker's errors are many; the sweep covers every one
+        logger.warning("node command %s not enqueued; the sweep will", command_id)
+
+
+def node_commands_resend() -> int:
+    """The sweep's part: node commands still issued NODE_CARRY_OUT_AFTER_S after they were
+    issued (their message was lost, or the worker died before it committed) are sent again,
+    as retries (a retry skips a node whose commands are being carried out: that carry-out
+    takes them in order)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.COMMANDS_NODE_RETRY_AFTER_S)
+    late = Command.objects.filter(
+        kind__in=[CommandKind.CORDON, CommandKind.UNCORDON, CommandKind.DRAIN],
+        state=CommandState.ISSUED,
+        issued_at__lte=cutoff,
+    ).values_list("pk", flat=True)
+    sent = 0
+    for pk in late[:100]:
+        _enqueue(str(pk), retry=True)
+        sent += 1
+    return sent
+
+
+def node_command_carry_out(*, command_id: uuid.UUID | str, retry: bool = False) -> Command | None:
+    """Carry out the node command, and before it every older one of its node still issued,
+    under the node's row lock: the scheduler hook, then the node's state, then the command's
+    end (succeeded or failed with the hook's result; a drain becomes accepted). A command no
+    longer issued is left as it is (the task ran twice). A retry skips a node whose lock is
+    held (its holder carries the commands out). Returns the command as it is after."""
+    found = Command.objects.filter(pk=command_id).values_list("node_id", "issued_at").first()
+    if found is None or found[0] is None:
+        return None
+    node_id, issued_at = found
+    with transaction.atomic():
+        locked = Node.objects.select_for_update(skip_locked=retry).select_related("cluster")
+        node = locked.filter(pk=node_id).first()
+        if node is None:  # a retry that found the lock taken, or the node is gone
+            return Command.objects.filter(pk=command_id).first()
+        due = Command.objects.filter(
+            node_id=node_id,
+            kind__in=[CommandKind.CORDON, CommandKind.UNCORDON, CommandKind.DRAIN],
+            state=CommandState.ISSUED,
+            issued_at__lte=issued_at,
+        ).order_by("issued_at", "id")
+        for command in due.select_related("cluster", "issued_by"):
+            _carry_out(command=command, node=node)
+            node.refresh_from_db()
+    return Command.objects.filter(pk=command_id).first()
+
+
+def _carry_out(*, command: Command, node: Node) -> Command:
+    from apps.commands.services.reactions import drain_start
+
+    actor = _actor(command)
+    if command.kind == CommandKind.DRAIN:
+        return drain_start(command=command, node=node, actor=actor)
+    if node.state == NodeState.DRAINING:
+        # issued before the drain was, carried out after: the drain stands
+        refused = {"refused": f"node {node.name} is draining"}
+        return _end(command, CommandState.FAILED, refused)
+    try:
+        if command.kind == CommandKind.CORDON:
+            hook = node_cordon(node=node, reason=command.reason, **actor)
+        else:
+            hook = node_uncordon(node=node, reason=command.reason, **actor)
+    except HookFailed as failed:
+        return _end(command, CommandState.FAILED, {"hook": failed.result.to_dict()})
+    return _end(command, CommandState.SUCCEEDED, {"hook": hook.to_dict() if hook else None})
+
+
+def _end(command: Command, state: str, result: dict[str, Any]) -> Command:
+    return command_transition(command_id=command.pk, to_state=state, detail=result, result=result)[
+        0
+    ]
+
+
+def _actor(command: Command) -> dict[str, Any]:
+    """Who issued the command, as its issue's audit entry recorded it: the node's own audit
+    entry (node.cordon, …) names the same actor, the request's id and address too."""
+    issued = (
+        AuditEntry.objects.filter(
+            action=f"command.{command.kind}",
+            outcome="allowed",
+            cluster_id=command.cluster_id,
+            detail__command=str(command.pk),
+            detail__created=True,
+        )
+        .values("actor_kind", "actor_name")
+        .first()
+    )
+    kind, name = (issued["actor_kind"], issued["actor_name"]) if issued else ("policy", "")
+    return {
+        "actor_user": command.issued_by,
+        "actor_kind": kind,
+        "actor_name": name,
+        "request": None,
+    }
+
+
+def on_alert_raised(sender: Any, *, alert: dict[str, Any], **kwargs: Any) -> None:
+    """apps.core.signals.alert_raised receiver: a node whose heartbeat alert opened is down."""
+    if alert.get("kind") == "heartbeat" and alert.get("node_id") is not None:
+        node_mark_down(node_id=alert["node_id"])

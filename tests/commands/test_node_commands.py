@@ -1,0 +1,210 @@
+"""Node commands off the request path and serialised per node: the API answers 202 before
+the scheduler hook ends, the worker's task runs it; concurrent cordons and uncordons leave
+the hook's last call and the node's state agreeing; a drain is never overwritten (409) and
+never doubled (the second returns the first); a hook past its timeout leaves no process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from apps.audit.models import AuditEntry
+from apps.clusters.models import Node
+from apps.commands.models import ClusterHooks, Command
+from apps.commands.services import command_create
+from apps.commands.services.nodes import hook_run
+from tests.commands.conftest import carried_out, client, issue, settled
+
+HOOK = """#!{python}
+import json, sys, time
+with open({record!r}, "a") as record:
+    record.write(json.dumps([sys.argv[1], "start", time.time()]) + "\\n")
+time.sleep({sleep})
+with open({record!r}, "a") as record:
+    record.write(json.dumps([sys.argv[1], "end", time.time()]) + "\\n")
+"""
+
+
+def hooks(world, tmp_path: Path, sleep: float = 0.0, timeout_s: float = 30.0) -> Path:
+    """Cordon and uncordon hooks: one script that notes its start and its end with the
+    verb it was called for. Returns the file where those notes land."""
+    record = tmp_path / "hook.jsonl"
+    script = tmp_path / "hook"
+    script.write_text(HOOK.format(python=sys.executable, record=str(record), sleep=sleep))
+    script.chmod(0o755)
+    ClusterHooks.objects.create(
+        cluster=world.cluster,
+        cordon_argv=[str(script), "cordon", "{node}"],
+        uncordon_argv=[str(script), "uncordon", "{node}"],
+        timeout_s=timeout_s,
+    )
+    return record
+
+
+def notes(record: Path) -> list[list]:
+    return [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+
+
+def test_the_api_answers_202_before_a_slow_hook_finishes(live_stack, world, tmp_path):
+    record = hooks(world, tmp_path, sleep=4.0)
+    with client(live_stack, world.operator_secret) as operator:
+        began = time.monotonic()
+        answer = issue(operator, kind="cordon", node="node-01", reason="flaky NIC")
+        took = time.monotonic() - began
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["state"] == "issued" and took < 3.0
+        assert not any(verb == "cordon" and when == "end" for verb, when, _ in notes(record))
+        command_id = answer.json()["id"]
+        deadline = time.monotonic() + 60
+        while (body := operator.get(f"/api/v1/commands/{command_id}").json())["state"] == "issued":
+            assert time.monotonic() < deadline, body
+            time.sleep(0.2)
+    # the outcome, later, as the state of the command: the hook's result in it
+    assert body["state"] == "succeeded" and body["result"]["hook"]["exit_code"] == 0
+    assert [when for _, when, _ in notes(record)] == ["start", "end"]
+    assert Node.objects.get(pk=world.node1.pk).state == "cordoned"
+    entry = AuditEntry.objects.get(action="node.cordon")
+    assert (entry.outcome, entry.actor_name) == ("succeeded", "olga")
+
+
+def test_concurrent_cordons_and_uncordons_leave_the_hook_and_the_node_agreeing(
+    live_stack, world, tmp_path
+):
+    record = hooks(world, tmp_path, sleep=0.3)
+    for round_ in range(3):
+        barrier = threading.Barrier(4)
+        answers: list[int] = []
+
+        def send(kind: str, barrier=barrier, answers=answers) -> None:
+            with client(live_stack, world.operator_secret) as operator:
+                barrier.wait()
+                answers.append(issue(operator, kind=kind, node="node-01", reason="r").status_code)
+
+        threads = [threading.Thread(target=send, args=(k,)) for k in ["cordon", "uncordon"] * 2]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert answers == [202] * 4, answers
+        settled(world.cluster)
+        seen = notes(record)
+        # one hook at a time: every start is followed by its own end before the next start
+        assert all(
+            seen[i][1] == "start" and seen[i + 1][1] == "end" and seen[i][0] == seen[i + 1][0]
+            for i in range(0, len(seen), 2)
+        ), seen
+        assert len(seen) == 8 * (round_ + 1)
+        last_verb = seen[-1][0]
+        node = Node.objects.get(pk=world.node1.pk)
+        assert node.state == {"cordon": "cordoned", "uncordon": "active"}[last_verb], round_
+        # and the last command carried out is the last one issued (one node, issue order)
+        newest = Command.objects.filter(node=world.node1).order_by("-issued_at").first()
+        assert newest.kind == last_verb and newest.state == "succeeded"
+
+
+def test_a_cordon_during_a_drain_is_409_and_a_second_drain_returns_the_first(
+    live_stack, world, tmp_path
+):
+    hooks(world, tmp_path)
+    with client(live_stack, world.operator_secret) as operator:
+        drain = issue(operator, kind="drain", node="node-01", reason="XID 79")
+        # refused while the drain is still issued (its task has not run) ...
+        early = issue(operator, kind="cordon", node="node-01", reason="mine")
+        again = issue(operator, kind="drain", node="node-01", reason="XID 79 again")
+        settled(world.cluster)
+        # ... and while it runs: node-01 serves run-1, so the drain waits for a checkpoint
+        late = issue(operator, kind="uncordon", node="node-01")
+        third = issue(operator, kind="drain", node="node-01", reason="once more")
+        other = issue(operator, kind="cordon", node="node-02", reason="not draining")
+    assert drain.status_code == 202, drain.text
+    for refused in (early, late):
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["errors"][0]["loc"] == "node"
+        assert "draining" in refused.json()["errors"][0]["msg"]
+    for folded in (again, third):
+        assert folded.status_code == 200 and folded.json()["id"] == drain.json()["id"]
+    assert other.status_code == 202
+    assert Command.objects.filter(kind="drain").count() == 1
+    assert Command.objects.get(pk=drain.json()["id"]).state == "accepted"
+    assert not Command.objects.filter(node=world.node1, kind__in=["cordon", "uncordon"]).exists()
+    assert Node.objects.get(pk=world.node1.pk).state == "draining"
+    denied = AuditEntry.objects.filter(outcome="denied", target="node:node-01")
+    assert sorted(denied.values_list("action", flat=True)) == ["command.cordon", "command.uncordon"]
+
+
+GRANDPARENT = """#!{python}
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", {marker!r}])
+with open({pids!r}, "w") as pids:
+    pids.write(f"{{os.getpid()}} {{child.pid}}")
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie (one waiting only to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _with_marker(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_hook_past_its_timeout_leaves_no_process(world, tmp_path):
+    marker = f"opsboard-hook-test-{uuid.uuid4().hex}"
+    pids = tmp_path / "pids"
+    script = tmp_path / "hook"
+    script.write_text(GRANDPARENT.format(python=sys.executable, marker=marker, pids=str(pids)))
+    script.chmod(0o755)
+    ClusterHooks.objects.create(cluster=world.cluster, cordon_argv=[str(script)], timeout_s=2.0)
+    result = hook_run(node=world.node1, which="cordon", reason="")
+    assert result is not None and "timed out" in result.error
+    hook_pid, grandchild = map(int, pids.read_text().split())
+    deadline = time.monotonic() + 5  # SIGKILL is delivered at once; reaping may lag
+    while (_alive(hook_pid) or _alive(grandchild)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(hook_pid) and not _alive(grandchild)
+    assert _with_marker(marker) == []
+
+
+def test_the_sweep_sends_a_node_command_whose_task_was_lost(live_stack, world):
+    # created without its task (a crash between the commit and the enqueue), long ago
+    command, _ = command_create(
+        cluster_id=world.cluster.pk, kind="cordon", node_id=world.node2.pk,
+        idempotency_key=uuid.uuid4().hex, reason="lost",
+    )  # fmt: skip
+    Command.objects.filter(pk=command.pk).update(issued_at=command.issued_at - timedelta(hours=1))
+    Command.objects.filter(pk=command.pk).update(expires_at=command.expires_at + timedelta(hours=1))
+    assert carried_out(command).state == "succeeded"
+    assert Node.objects.get(pk=world.node2.pk).state == "cordoned"
+
+
+def test_the_proc_scan_finds_a_live_process_and_not_a_dead_one():
+    # so the empty answers above mean "no process", not "the scan sees nothing"
+    marker = f"opsboard-scan-test-{uuid.uuid4().hex}"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+    try:
+        assert _with_marker(marker) == [sleeper.pid] and _alive(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert _with_marker(marker) == [] and not _alive(sleeper.pid)
