@@ -6,9 +6,9 @@ Two locks, so that issuing never waits on a hook:
 - admission (command_issue) holds a transaction-scoped advisory lock on the node while it
   checks for a drain and creates the command: a cordon or uncordon during a live drain is
   refused (NodeBusy, `409`), a second drain gets the first;
-- carrying out holds the node's row lock (SELECT … FOR UPDATE) around the scheduler hook and
-  the node's new state: two commands of one node never interleave hook and state, so the
-  hook's last call is the node's state.
+- carrying out holds another advisory lock on the node around the scheduler hook and the
+  node's new state: two commands of one node never interleave hook and state, so the
+  hook's last call is the node's state. (Not the row lock: see _carry_out_lock.)
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ from apps.core.tasks import task_enqueue
 logger = logging.getLogger(__name__)
 
 NODE_CARRY_OUT_TASK = "commands.node_carry_out"
-# The advisory lock's first key: the admission of a node's commands (the second is its id).
+# The advisory locks' first keys (the second is the node's id): the admission of a node's
+# commands, and their carrying out (hook and state).
 ADMISSION_LOCK = 0x0B0A
+CARRY_OUT_LOCK = 0x0B0B
 
 
 class NodeBusy(Exception):
@@ -107,7 +109,7 @@ def node_commands_resend() -> int:
 
 def node_command_carry_out(*, command_id: uuid.UUID | str, retry: bool = False) -> Command | None:
     """Carry out the node command, and before it every older one of its node still issued,
-    under the node's row lock: the scheduler hook, then the node's state, then the command's
+    under the node's carry-out lock: the scheduler hook, then the node's state, then the command's
     end (succeeded or failed with the hook's result; a drain becomes accepted). A command no
     longer issued is left as it is (the task ran twice). A retry skips a node whose lock is
     held (its holder carries the commands out). Returns the command as it is after."""
@@ -116,10 +118,11 @@ def node_command_carry_out(*, command_id: uuid.UUID | str, retry: bool = False) 
         return None
     node_id, issued_at = found
     with transaction.atomic():
-        locked = Node.objects.select_for_update(skip_locked=retry).select_related("cluster")
-        node = locked.filter(pk=node_id).first()
-        if node is None:  # a retry that found the lock taken, or the node is gone
-            return Command.objects.filter(pk=command_id).first()
+        if not _carry_out_lock(node_id=node_id, wait=not retry):
+            return Command.objects.filter(pk=command_id).first()  # its holder takes it
+        node = Node.objects.select_related("cluster").filter(pk=node_id).first()
+        if node is None:
+            return None
         due = Command.objects.filter(
             node_id=node_id,
             kind__in=[CommandKind.CORDON, CommandKind.UNCORDON, CommandKind.DRAIN],
@@ -130,6 +133,17 @@ def node_command_carry_out(*, command_id: uuid.UUID | str, retry: bool = False) 
             _carry_out(command=command, node=node)
             node.refresh_from_db()
     return Command.objects.filter(pk=command_id).first()
+
+
+def _carry_out_lock(*, node_id: int, wait: bool) -> bool:
+    """Take the node's carry-out lock until the transaction ends (False: a retry found it
+    taken). An advisory lock, not the row's: a row lock held through a hook would stall
+    ingest, which updates the node's row (last_seen) and inserts rows that reference it."""
+    function = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {function}(%s, %s)", [CARRY_OUT_LOCK, node_id])
+        taken = cursor.fetchone()[0]
+    return taken is not False
 
 
 def _carry_out(*, command: Command, node: Node) -> Command:
@@ -160,7 +174,7 @@ def _end(command: Command, state: str, result: dict[str, Any]) -> Command:
 
 def _actor(command: Command) -> dict[str, Any]:
     """Who issued the command, as its issue's audit entry recorded it: the node's own audit
-    entry (node.cordon, …) names the same actor, the request's id and address too."""
+    entry (node.cordon, …) names the same actor, client address and request id."""
     issued = (
         AuditEntry.objects.filter(
             action=f"command.{command.kind}",
@@ -169,16 +183,26 @@ def _actor(command: Command) -> dict[str, Any]:
             detail__command=str(command.pk),
             detail__created=True,
         )
-        .values("actor_kind", "actor_name")
+        .values("actor_kind", "actor_name", "client_ip", "request_id")
         .first()
     )
-    kind, name = (issued["actor_kind"], issued["actor_name"]) if issued else ("policy", "")
+    if issued is None:  # created without its audit entry (by hand): the system acted
+        return {"actor_user": command.issued_by, "actor_kind": "policy", "request": None}
     return {
         "actor_user": command.issued_by,
-        "actor_kind": kind,
-        "actor_name": name,
-        "request": None,
+        "actor_kind": issued["actor_kind"],
+        "actor_name": issued["actor_name"],
+        "request": _IssuedRequest(issued["client_ip"], issued["request_id"]),
     }
+
+
+class _IssuedRequest:
+    """The issuing request as its audit entry recorded it, for audit_record (which reads the
+    peer's address and the request id): the task that carries the command out has none."""
+
+    def __init__(self, client_ip: str | None, request_id: str) -> None:
+        self.META = {"REMOTE_ADDR": client_ip or ""}
+        self.audit_request_id = request_id
 
 
 def on_alert_raised(sender: Any, *, alert: dict[str, Any], **kwargs: Any) -> None:
