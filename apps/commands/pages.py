@@ -9,8 +9,9 @@ from typing import Any
 from apps.access.selectors import user_may
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
-from apps.commands.choices import CommandKind
+from apps.commands.choices import CommandKind, CommandState
 from apps.commands.forms import CommandForm, resume_initial
+from apps.commands.models import Command
 from apps.commands.plan import run_plan
 from apps.commands.rows import command_row
 from apps.commands.selectors import command_list
@@ -61,11 +62,38 @@ def node_commands_context(*, user: Any, cluster: Cluster, node: Node) -> dict[st
     if context["may_operate"]:
         name = node.name
         forms = {}
-        if node.state == NodeState.CORDONED:
+        state = node_state_expected(node=node)
+        if state == NodeState.CORDONED:
             forms["uncordon"] = CommandForm(kind=CommandKind.UNCORDON, target_name=name)
-        elif node.state != NodeState.DRAINING:
+        elif state != NodeState.DRAINING:
             forms["cordon"] = CommandForm(kind=CommandKind.CORDON, target_name=name)
-        if node.state != NodeState.DRAINING:
+        if state != NodeState.DRAINING:
             forms["drain"] = CommandForm(kind=CommandKind.DRAIN, target_name=name)
         context["command_forms"] = forms
     return context
+
+
+# The state a node command leaves its node in, once carried out.
+_STATE_AFTER = {
+    CommandKind.CORDON: NodeState.CORDONED,
+    CommandKind.UNCORDON: NodeState.ACTIVE,
+    CommandKind.DRAIN: NodeState.DRAINING,
+}
+
+
+def node_state_expected(*, node: Node) -> str:
+    """The node's state once its newest node command still `issued` is carried out (its
+    state when none is): the page just posted a cordon offers the uncordon, not a second
+    cordon, while the worker runs the hook."""
+    pending = (
+        Command.objects.filter(node=node, kind__in=list(_STATE_AFTER), state=CommandState.ISSUED)
+        .order_by("-issued_at")
+        .values_list("kind", flat=True)
+        .first()
+    )
+    if pending:
+        return _STATE_AFTER[pending]
+    # read after the commands: the node loaded earlier may predate the carry-out that took
+    # its command out of `issued` (the two change in one transaction)
+    current = Node.objects.filter(pk=node.pk).values_list("state", flat=True).first()
+    return current or node.state

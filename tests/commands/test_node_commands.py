@@ -14,10 +14,18 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
+from django.utils import timezone
+
 from apps.audit.models import AuditEntry
 from apps.clusters.models import Node
 from apps.commands.models import ClusterHooks, Command
-from apps.commands.services import command_create
+from apps.commands.services import (
+    command_ack,
+    command_create,
+    command_issue,
+    commands_sweep,
+    node_command_carry_out,
+)
 from apps.commands.services.nodes import hook_run
 from tests.commands.conftest import carried_out, client, issue, settled
 
@@ -208,3 +216,92 @@ def test_the_proc_scan_finds_a_live_process_and_not_a_dead_one():
         sleeper.kill()
         sleeper.wait()
     assert _with_marker(marker) == [] and not _alive(sleeper.pid)
+
+
+def test_down_nodes_leave_the_plan_and_come_back_when_they_report(world):
+    from apps.alerts.models import Alert
+    from apps.clusters.services import nodes_touch
+    from apps.commands.plan import run_plan
+    from apps.core.signals import alert_raised
+
+    assert run_plan(run=world.run)["nodes"] == ["node-01", "node-02"]
+    Node.objects.filter(pk=world.node1.pk).update(state="cordoned")
+    for node in (world.node1, world.node2):  # both went silent: their heartbeat alerts open
+        alert = {
+            "id": node.pk, "cluster_id": world.cluster.pk, "node_id": node.pk, "run_id": None,
+            "kind": "heartbeat", "subject": f"node:{node.name}", "severity": "critical",
+            "summary": "silent", "evidence": {}, "event": "opened",
+        }  # fmt: skip
+        alert_raised.send(sender=Alert, alert=alert)
+    states = dict(Node.objects.values_list("name", "state"))
+    assert states == {"node-01": "cordoned", "node-02": "down"}  # a person's cordon stands
+    assert run_plan(run=world.run)["nodes"] == []
+    # both report again: the down one is active, the cordoned one stays cordoned
+    seen = {(world.cluster.pk, name): (timezone.now(), None) for name in ("node-01", "node-02")}
+    nodes_touch(seen=seen)
+    states = dict(Node.objects.values_list("name", "state"))
+    assert states == {"node-01": "cordoned", "node-02": "active"}
+    assert run_plan(run=world.run)["nodes"] == ["node-02"]
+
+
+def _drain_with_checkpoint(world) -> tuple[Command, Command]:
+    """A drain of node-01 carried out (here, not by a worker): accepted, its checkpoint
+    of run-1 issued."""
+    drain = command_issue(
+        user=world.operator, cluster=world.cluster, kind="drain", node=world.node1,
+        reason="XID 79", idempotency_key=uuid.uuid4().hex,
+    )[0]  # fmt: skip
+    node_command_carry_out(command_id=drain.pk)
+    drain.refresh_from_db()
+    assert drain.state == "accepted"
+    return drain, drain.children.get(kind="checkpoint")
+
+
+def test_the_sweep_runs_a_drain_reaction_that_never_ran(world):
+    drain, checkpoint = _drain_with_checkpoint(world)
+    # the checkpoint's success committed, and the process died before its reaction ran
+    Command.objects.filter(pk=checkpoint.pk).update(state="succeeded")
+    assert not drain.children.filter(kind="stop").exists()
+    commands_sweep()
+    stop = drain.children.get(kind="stop")
+    assert (stop.node, stop.run, stop.state) == (world.node1, world.run, "issued")
+    commands_sweep()  # again: still one stop (the reaction is judged from the children)
+    assert drain.children.filter(kind="stop").count() == 1
+    # the stop succeeds, its reaction lost too: the sweep ends the drain, node cordoned
+    Command.objects.filter(pk=stop.pk).update(state="succeeded")
+    commands_sweep()
+    assert Command.objects.get(pk=drain.pk).state == "succeeded"
+    assert Node.objects.get(pk=world.node1.pk).state == "cordoned"
+
+
+def test_a_drain_phase_has_its_own_deadline(world, settings):
+    drain, checkpoint = _drain_with_checkpoint(world)
+    assert checkpoint.expires_at - checkpoint.issued_at == timedelta(
+        seconds=settings.COMMANDS_DRAIN_CHECKPOINT_S
+    )
+    phases = settings.COMMANDS_DRAIN_CHECKPOINT_S + settings.COMMANDS_DRAIN_STOP_S
+    assert drain.expires_at - drain.issued_at >= timedelta(seconds=phases - 60)
+
+
+def test_a_checkpoint_that_succeeds_after_its_drain_expired_sends_no_stop(world):
+    drain, checkpoint = _drain_with_checkpoint(world)
+    Command.objects.filter(pk=drain.pk).update(expires_at=timezone.now())
+    commands_sweep()
+    assert Command.objects.get(pk=drain.pk).state == "expired"
+    assert Node.objects.get(pk=world.node1.pk).state == "cordoned"
+    # the agent acks the checkpoint late: it stands, and no stop follows the dead drain
+    command_ack(command=Command.objects.get(pk=checkpoint.pk), state="succeeded")
+    assert Command.objects.get(pk=checkpoint.pk).state == "succeeded"
+    assert not drain.children.filter(kind="stop").exists()
+    commands_sweep()
+    assert not drain.children.filter(kind="stop").exists()
+    assert Node.objects.get(pk=world.node1.pk).state == "cordoned"
+
+
+def test_the_sweep_settles_a_node_left_draining(world):
+    drain, _ = _drain_with_checkpoint(world)
+    # the drain's end committed, its settling did not
+    Command.objects.filter(pk=drain.pk).update(state="failed")
+    assert Node.objects.get(pk=world.node1.pk).state == "draining"
+    commands_sweep()
+    assert Node.objects.get(pk=world.node1.pk).state == "cordoned"

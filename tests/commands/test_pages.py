@@ -256,3 +256,13 @@ def test_a_result_reads_as_one_line():
     )
     assert result_text({}) == ""
     assert len(result_text({"message": "x" * 1000})) == 300
+
+
+def test_a_cordon_on_its_way_offers_the_uncordon_and_no_second_cordon(operator):
+    # no worker here: the cordon stays issued, its hook not run, the node still active
+    assert post(operator, f"{NODE_PAGE}commands/cordon", reason="flaky").status_code == 302
+    assert Command.objects.get(kind="cordon").state == "issued"
+    assert Node.objects.get(cluster__name="alpha").state == "active"
+    page = operator.get(NODE_PAGE).content.decode()
+    assert 'data-action="uncordon"' in page and 'data-action="cordon"' not in page
+    assert re.search(r'<tr data-command-id="[^"]+" data-kind="cordon" data-state="issued"', page)
