@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import OuterRef, Subquery
+
 from apps.access.selectors import user_may
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
@@ -83,17 +85,20 @@ _STATE_AFTER = {
 
 def node_state_expected(*, node: Node) -> str:
     """The node's state once its newest node command still `issued` is carried out (its
-    state when none is): the page just posted a cordon offers the uncordon, not a second
-    cordon, while the worker runs the hook."""
-    pending = (
-        Command.objects.filter(node=node, kind__in=list(_STATE_AFTER), state=CommandState.ISSUED)
-        .order_by("-issued_at")
-        .values_list("kind", flat=True)
+    state when none is): the page that just posted a cordon offers the uncordon, not a
+    second cordon, while the worker runs the hook. One query, reading the node's state
+    again with its commands: the node loaded earlier may predate the carry-out that took its
+    command out of `issued` (the two change in one transaction)."""
+    pending = Command.objects.filter(
+        node_id=OuterRef("pk"), kind__in=list(_STATE_AFTER), state=CommandState.ISSUED
+    ).order_by("-issued_at")
+    found = (
+        Node.objects.filter(pk=node.pk)
+        .annotate(pending=Subquery(pending.values("kind")[:1]))
+        .values_list("state", "pending")
         .first()
     )
-    if pending:
-        return _STATE_AFTER[pending]
-    # read after the commands: the node loaded earlier may predate the carry-out that took
-    # its command out of `issued` (the two change in one transaction)
-    current = Node.objects.filter(pk=node.pk).values_list("state", flat=True).first()
-    return current or node.state
+    if found is None:
+        return node.state
+    state, kind = found
+    return _STATE_AFTER[kind] if kind else state
