@@ -305,3 +305,29 @@ def test_the_sweep_settles_a_node_left_draining(world):
     assert Node.objects.get(pk=world.node1.pk).state == "draining"
     commands_sweep()
     assert Node.objects.get(pk=world.node1.pk).state == "cordoned"
+
+
+def test_ingest_for_a_node_goes_on_while_its_hook_runs(live_stack, world, tmp_path):
+    """The carry-out lock is an advisory lock, not the node's row: a batch from the node
+    (which updates its row and inserts rows referencing it) is stored during a slow hook."""
+    record = hooks(world, tmp_path, sleep=8.0)
+    with client(live_stack, world.operator_secret) as operator:
+        assert issue(operator, kind="cordon", node="node-01").status_code == 202
+    deadline = time.monotonic() + 30
+    while not any(when == "start" for _, when, _ in notes(record)):  # the hook is running
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    before = Node.objects.get(pk=world.node1.pk).last_seen
+    batch = {
+        "batch_id": uuid.uuid4().hex, "node": "node-01",
+        "samples": [{"ts": time.time(), "metric": "gpu.util", "gpu": 0, "value": 50.0}],
+    }  # fmt: skip
+    with client(live_stack, world.agent_secret) as agent:
+        assert agent.post("/api/v1/ingest", json=batch).status_code == 202
+    while Node.objects.get(pk=world.node1.pk).last_seen == before:
+        assert time.monotonic() < deadline, "ingest waited for the hook"
+        time.sleep(0.05)
+    assert not any(when == "end" for _, when, _ in notes(record))  # the hook still runs
+    assert Node.objects.get(pk=world.node1.pk).state == "active"  # not before it agreed
+    settled(world.cluster)
+    assert Node.objects.get(pk=world.node1.pk).state == "cordoned"
