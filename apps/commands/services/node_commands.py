@@ -28,7 +28,7 @@ from apps.clusters.models import Node
 from apps.clusters.services import node_mark_down
 from apps.commands.choices import LIVE_STATES, CommandKind, CommandState
 from apps.commands.models import Command
-from apps.commands.services.core import command_transition
+from apps.commands.services.core import CommandConflict, command_transition
 from apps.commands.services.nodes import HookFailed, node_cordon, node_uncordon
 from apps.core.tasks import task_enqueue
 
@@ -39,6 +39,8 @@ NODE_CARRY_OUT_TASK = "commands.node_carry_out"
 # commands, and their carrying out (hook and state).
 ADMISSION_LOCK = 0x0B0A
 CARRY_OUT_LOCK = 0x0B0B
+# Commands one task carries out at most (then it hands the node on to a task of its own).
+CARRY_OUT_BATCH = 20
 
 
 class NodeBusy(Exception):
@@ -82,18 +84,17 @@ def node_command_enqueue_on_commit(*, command: Command) -> None:
     transaction.on_commit(lambda: _enqueue(command_id), robust=True)
 
 
-def _enqueue(command_id: str, *, retry: bool = False) -> None:
+def _enqueue(command_id: str) -> None:
     try:
-        task_enqueue(NODE_CARRY_OUT_TASK, command_id, retry)
+        task_enqueue(NODE_CARRY_OUT_TASK, command_id)
     except Exception:  # the broker's errors are many; the sweep covers every one
         logger.warning("node command %s not enqueued; the sweep will", command_id)
 
 
 def node_commands_resend() -> int:
     """The sweep's part: node commands still issued NODE_CARRY_OUT_AFTER_S after they were
-    issued (their message was lost, or the worker died before it committed) are sent again,
-    as retries (a retry skips a node whose commands are being carried out: that carry-out
-    takes them in order)."""
+    issued (their message was lost, or the worker died before it committed) are sent again
+    (a task for a node whose commands are being carried out returns at once)."""
     cutoff = timezone.now() - timedelta(seconds=settings.COMMANDS_NODE_RETRY_AFTER_S)
     late = Command.objects.filter(
         kind__in=[CommandKind.CORDON, CommandKind.UNCORDON, CommandKind.DRAIN],
@@ -102,48 +103,52 @@ def node_commands_resend() -> int:
     ).values_list("pk", flat=True)
     sent = 0
     for pk in late[:100]:
-        _enqueue(str(pk), retry=True)
+        _enqueue(str(pk))
         sent += 1
     return sent
 
 
-def node_command_carry_out(*, command_id: uuid.UUID | str, retry: bool = False) -> Command | None:
-    """Carry out the node command, and before it every older one of its node still issued,
-    under the node's carry-out lock: the scheduler hook, then the node's state, then the command's
-    end (succeeded or failed with the hook's result; a drain becomes accepted). A command no
-    longer issued is left as it is (the task ran twice). A retry skips a node whose lock is
-    held (its holder carries the commands out). Returns the command as it is after."""
-    found = Command.objects.filter(pk=command_id).values_list("node_id", "issued_at").first()
-    if found is None or found[0] is None:
+def node_command_carry_out(*, command_id: uuid.UUID | str) -> Command | None:
+    """Carry out the node's commands still issued, oldest first, each in a transaction of
+    its own under the node's carry-out lock: the scheduler hook, then the node's state,
+    then the command's end (succeeded or failed with the hook's result; a drain becomes
+    accepted). A task that finds the lock taken returns at once (never holding a worker
+    while a hook runs): the holder takes its command, or hands it on after it let go.
+    Running twice changes nothing. Returns the command as it is after."""
+    node_id = Command.objects.filter(pk=command_id).values_list("node_id", flat=True).first()
+    if node_id is None:
         return None
-    node_id, issued_at = found
-    with transaction.atomic():
-        if not _carry_out_lock(node_id=node_id, wait=not retry):
-            return Command.objects.filter(pk=command_id).first()  # its holder takes it
-        node = Node.objects.select_related("cluster").filter(pk=node_id).first()
-        if node is None:
-            return None
-        due = Command.objects.filter(
-            node_id=node_id,
-            kind__in=[CommandKind.CORDON, CommandKind.UNCORDON, CommandKind.DRAIN],
-            state=CommandState.ISSUED,
-            issued_at__lte=issued_at,
-        ).order_by("issued_at", "id")
-        for command in due.select_related("cluster", "issued_by"):
+    for _ in range(CARRY_OUT_BATCH):
+        with transaction.atomic():
+            if not _carry_out_lock(node_id=node_id):
+                return Command.objects.filter(pk=command_id).first()  # the holder's turn
+            command = _due(node_id).select_related("cluster", "issued_by").first()
+            node = Node.objects.select_related("cluster").filter(pk=node_id).first()
+            if command is None or node is None:
+                break
             _carry_out(command=command, node=node)
-            node.refresh_from_db()
+    # one issued while the lock was held, whose task found it taken, is handed on now
+    late = _due(node_id).values_list("pk", flat=True).first()
+    if late is not None:
+        _enqueue(str(late))
     return Command.objects.filter(pk=command_id).first()
 
 
-def _carry_out_lock(*, node_id: int, wait: bool) -> bool:
-    """Take the node's carry-out lock until the transaction ends (False: a retry found it
-    taken). An advisory lock, not the row's: a row lock held through a hook would stall
-    ingest, which updates the node's row (last_seen) and inserts rows that reference it."""
-    function = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
+def _due(node_id: int):
+    return Command.objects.filter(
+        node_id=node_id,
+        kind__in=[CommandKind.CORDON, CommandKind.UNCORDON, CommandKind.DRAIN],
+        state=CommandState.ISSUED,
+    ).order_by("issued_at", "id")
+
+
+def _carry_out_lock(*, node_id: int) -> bool:
+    """Take the node's carry-out lock until the transaction ends, if it is free. An advisory
+    lock, not the row's: a row lock held through a hook would stall ingest, which updates
+    the node's row (last_seen) and inserts rows that reference it."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {function}(%s, %s)", [CARRY_OUT_LOCK, node_id])
-        taken = cursor.fetchone()[0]
-    return taken is not False
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [CARRY_OUT_LOCK, node_id])
+        return bool(cursor.fetchone()[0])
 
 
 def _carry_out(*, command: Command, node: Node) -> Command:
@@ -167,9 +172,13 @@ def _carry_out(*, command: Command, node: Node) -> Command:
 
 
 def _end(command: Command, state: str, result: dict[str, Any]) -> Command:
-    return command_transition(command_id=command.pk, to_state=state, detail=result, result=result)[
-        0
-    ]
+    try:
+        moved = command_transition(
+            command_id=command.pk, to_state=state, detail=result, result=result
+        )
+    except CommandConflict as conflict:  # expired while its hook ran: the expiry stands
+        return conflict.command
+    return moved[0]
 
 
 def _actor(command: Command) -> dict[str, Any]:
