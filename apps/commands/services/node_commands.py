@@ -92,9 +92,9 @@ def _enqueue(command_id: str) -> None:
 
 
 def node_commands_resend() -> int:
-    """The sweep's part: node commands still issued NODE_CARRY_OUT_AFTER_S after they were
-    issued (their message was lost, or the worker died before it committed) are sent again
-    (a task for a node whose commands are being carried out returns at once)."""
+    """The sweep's part: node commands still issued COMMANDS_NODE_RETRY_AFTER_S after they
+    were issued (their message was lost, or the worker died before it committed) are sent
+    again (a task for a node whose commands are being carried out returns at once)."""
     cutoff = timezone.now() - timedelta(seconds=settings.COMMANDS_NODE_RETRY_AFTER_S)
     late = Command.objects.filter(
         kind__in=[CommandKind.CORDON, CommandKind.UNCORDON, CommandKind.DRAIN],
