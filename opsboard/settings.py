@@ -210,6 +210,8 @@ CELERY_TASK_ROUTES = {
         "ingest.inbox_sweep",
         "ingest.inbox_prune",
         "commands.sweep",
+        # scheduler hooks: off the request path, never behind a backlog of ingest
+        "commands.node_carry_out",
     )
 }
 CELERY_BROKER_TRANSPORT_OPTIONS = {

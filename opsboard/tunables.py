@@ -47,6 +47,12 @@ COMMANDS_RECHECK_S = envfloat("COMMANDS_RECHECK_S", 5.0)
 # How often a long-poll served by WSGI looks at the database while Redis is unreachable.
 COMMANDS_POLL_INTERVAL_S = envfloat("COMMANDS_POLL_INTERVAL_S", 0.2)
 COMMANDS_SWEEP_INTERVAL = envfloat("COMMANDS_SWEEP_INTERVAL", 2.0)
+# A node command (cordon, uncordon, drain) still issued this long after it was issued is
+# sent to its task again by the sweep (its message was lost, or its worker died).
+COMMANDS_NODE_RETRY_AFTER_S = envfloat("COMMANDS_NODE_RETRY_AFTER_S", 10.0)
+# A drain's phases have deadlines of their own: its checkpoint of each run, then the stop.
+COMMANDS_DRAIN_CHECKPOINT_S = envfloat("COMMANDS_DRAIN_CHECKPOINT_S", 600.0)
+COMMANDS_DRAIN_STOP_S = envfloat("COMMANDS_DRAIN_STOP_S", 300.0)
 beat_schedule["commands-sweep"] = periodic("commands.sweep", COMMANDS_SWEEP_INTERVAL)
 
 # --- History: rollups and retention --------------------------------------------------------

@@ -8,8 +8,9 @@ import psycopg
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.clusters.choices import NodeState
 from apps.clusters.hostlist import pattern_compile
-from apps.clusters.models import AgentToken, Cluster
+from apps.clusters.models import AgentToken, Cluster, Node
 from apps.clusters.signals import agent_token_changed
 
 TOKEN_PREFIX = "obt_"
@@ -94,6 +95,7 @@ FROM seen ORDER BY cluster_id, name
 ON CONFLICT (cluster_id, name) DO UPDATE SET
   last_seen = GREATEST(n.last_seen, EXCLUDED.last_seen),
   has_agent = n.has_agent OR EXCLUDED.has_agent,
+  state = CASE WHEN n.state = 'down' THEN 'active' ELSE n.state END,
   info = CASE WHEN (SELECT s.info IS NOT NULL FROM seen s
                     WHERE s.cluster_id = EXCLUDED.cluster_id AND s.name = EXCLUDED.name)
          THEN EXCLUDED.info ELSE n.info END
@@ -110,6 +112,7 @@ def nodes_touch(
 
     `seen` maps (cluster_id, node name) to (received at, node_info or None); the nodes in
     `agents` sent a batch without a run (a node agent), and `has_agent` stays set once set.
+    A `down` node that reports again is `active` (a cordoned or draining one stays so).
     Returns (cluster_id, name) → node id."""
     from psycopg.types.json import Jsonb
 
@@ -129,3 +132,11 @@ def nodes_touch(
     with psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(_NODES_TOUCH_SQL, params)
         return {(cluster_id, name): node_id for cluster_id, name, node_id in cursor.fetchall()}
+
+
+def node_mark_down(*, node_id: int) -> bool:
+    """The node went silent (its heartbeat alert opened): an `active` node becomes `down`,
+    out of run plans, until it reports again (nodes_touch). A cordoned or draining node keeps
+    its state: a person's decision stands. True when this call changed it."""
+    moved = Node.objects.filter(pk=node_id, state=NodeState.ACTIVE).update(state=NodeState.DOWN)
+    return bool(moved)

@@ -26,7 +26,7 @@ from apps.clusters.admin import NodeAdmin
 from apps.clusters.models import Node
 from apps.commands.choices import CONFIRMED_KINDS, REASON_MAX_LENGTH, CommandKind, CommandState
 from apps.commands.models import AutoCordonPolicy, ClusterHooks, Command, CommandTransition
-from apps.commands.services import CommandDenied, CommandInvalid, command_issue
+from apps.commands.services import CommandDenied, CommandInvalid, NodeBusy, command_issue
 from apps.runs.admin import RunAdmin
 from apps.runs.models import Run
 
@@ -196,7 +196,7 @@ def _issue(modeladmin, request, obj: Node | Run, *, kind: str, data: dict[str, A
             request=request,
             **target,
         )
-    except (CommandDenied, CommandInvalid) as refused:
+    except (CommandDenied, CommandInvalid, NodeBusy) as refused:
         modeladmin.message_user(request, f"{kind} {obj}: {refused}", messages.ERROR)
         return
     level = messages.ERROR if command.state == CommandState.FAILED else messages.SUCCESS

@@ -15,7 +15,7 @@ from apps.access.selectors import clusters_visible
 from apps.access.services import attempt_hidden_record
 from apps.clusters.models import Cluster, Node
 from apps.commands import services
-from apps.commands.choices import REASON_MAX_LENGTH, CommandKind, CommandState
+from apps.commands.choices import NODE_KINDS, REASON_MAX_LENGTH, CommandKind, CommandState
 from apps.commands.longpoll import REDIRECTS_HEADER
 from apps.commands.longpoll_wsgi import longpoll_redirect, poll_sync
 from apps.commands.plan import run_plan
@@ -172,14 +172,21 @@ class PlanOut(Schema):
     response={
         200: CommandOut,
         201: CommandOut,
+        202: CommandOut,
         400: Errors,
         401: Errors,
         403: Errors,
         404: Errors,
+        409: Errors,
         422: Errors,
     },
     summary="Issue a command (operators; the same Idempotency-Key again: the same command)",
     description=(
+        "A run command answers `201`. A node command (cordon, uncordon, drain) answers `202` "
+        "while still `issued`: its scheduler hook runs in a task, and the command's state "
+        "tells its outcome (`succeeded` / `failed` with the hook's result; a drain becomes "
+        "`accepted`). A second drain of a node whose drain is live answers `200` with that "
+        "drain; a cordon or uncordon while the node drains answers `409`. "
         "The `Idempotency-Key` is the caller's (its user, or the personal token it came "
         "with) in the cluster, and bound to the request: sent again with the same kind, "
         "target and args it answers `200` with the command it made; with another kind, "
@@ -221,7 +228,12 @@ def command_create(
         raise FieldError(400, invalid.loc, invalid.msg) from None
     except services.IdempotencyMismatch as mismatch:
         raise FieldError(422, "Idempotency-Key", str(mismatch)) from None
-    return (201 if created else 200), command_json(command_get(command_id=command.pk))
+    except services.NodeBusy as busy:
+        raise FieldError(409, "node", str(busy)) from None
+    status = 200
+    if created:
+        status = 202 if command.kind in NODE_KINDS else 201
+    return status, command_json(command_get(command_id=command.pk))
 
 
 def _one(request: HttpRequest, model, loc: str, name: str, clusters, attempt: dict) -> Any:

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import OuterRef, Subquery
+
 from apps.access.selectors import user_may
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
-from apps.commands.choices import CommandKind
+from apps.commands.choices import CommandKind, CommandState
 from apps.commands.forms import CommandForm, resume_initial
+from apps.commands.models import Command
 from apps.commands.plan import run_plan
 from apps.commands.rows import command_row
 from apps.commands.selectors import command_list
@@ -61,11 +64,41 @@ def node_commands_context(*, user: Any, cluster: Cluster, node: Node) -> dict[st
     if context["may_operate"]:
         name = node.name
         forms = {}
-        if node.state == NodeState.CORDONED:
+        state = node_state_expected(node=node)
+        if state == NodeState.CORDONED:
             forms["uncordon"] = CommandForm(kind=CommandKind.UNCORDON, target_name=name)
-        elif node.state != NodeState.DRAINING:
+        elif state != NodeState.DRAINING:
             forms["cordon"] = CommandForm(kind=CommandKind.CORDON, target_name=name)
-        if node.state != NodeState.DRAINING:
+        if state != NodeState.DRAINING:
             forms["drain"] = CommandForm(kind=CommandKind.DRAIN, target_name=name)
         context["command_forms"] = forms
     return context
+
+
+# The state a node command leaves its node in, once carried out.
+_STATE_AFTER = {
+    CommandKind.CORDON: NodeState.CORDONED,
+    CommandKind.UNCORDON: NodeState.ACTIVE,
+    CommandKind.DRAIN: NodeState.DRAINING,
+}
+
+
+def node_state_expected(*, node: Node) -> str:
+    """The node's state once its newest node command still `issued` is carried out (its
+    state when none is): the page that just posted a cordon offers the uncordon, not a
+    second cordon, while the worker runs the hook. One query, reading the node's state
+    again with its commands: the node loaded earlier may predate the carry-out that took its
+    command out of `issued` (the two change in one transaction)."""
+    pending = Command.objects.filter(
+        node_id=OuterRef("pk"), kind__in=list(_STATE_AFTER), state=CommandState.ISSUED
+    ).order_by("-issued_at")
+    found = (
+        Node.objects.filter(pk=node.pk)
+        .annotate(pending=Subquery(pending.values("kind")[:1]))
+        .values_list("state", "pending")
+        .first()
+    )
+    if found is None:
+        return node.state
+    state, kind = found
+    return _STATE_AFTER[kind] if kind else state

@@ -150,6 +150,9 @@ def _command_form(
     except services.IdempotencyMismatch as mismatch:  # a form's token posted to another kind
         form.add_error(None, str(mismatch))
         return _form_page(request, form, target, back, status=422)
+    except services.NodeBusy as busy:
+        form.add_error(None, str(busy))
+        return _form_page(request, form, target, back, status=409)
     _tell(request, command, created)
     return redirect(f"{back}#commands")
 

@@ -3,6 +3,7 @@ people holding roles there, and HTTP clients for an operator (personal token) an
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,6 +15,7 @@ from django.contrib.auth import get_user_model
 from apps.access.services import role_grant, user_token_issue
 from apps.clusters.models import Cluster, Node
 from apps.clusters.services import token_issue
+from apps.commands.models import Command
 from apps.runs.models import Run, RunEvent, StepReport
 
 
@@ -75,3 +77,26 @@ def issue(http: httpx.Client, key: str | None = None, **body) -> httpx.Response:
     return http.post(
         "/api/v1/commands", json=body, headers={"Idempotency-Key": key or uuid.uuid4().hex}
     )
+
+
+def settled(cluster: Cluster, timeout: float = 60.0) -> None:
+    """Wait until the live stack's worker carried out every node command of the cluster
+    (none is `issued` any more): node commands answer at once and run their hook later."""
+    deadline = time.monotonic() + timeout
+    pending = Command.objects.filter(
+        cluster=cluster, kind__in=["cordon", "uncordon", "drain"], state="issued"
+    )
+    while pending.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"node commands still issued: {list(pending)}")
+        time.sleep(0.1)
+
+
+def carried_out(command: Command, timeout: float = 60.0) -> Command:
+    """The node command once its task ran (it is no longer `issued`)."""
+    deadline = time.monotonic() + timeout
+    while (found := Command.objects.get(pk=command.pk)).state == "issued":
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{command} was not carried out within {timeout} s")
+        time.sleep(0.1)
+    return found

@@ -46,8 +46,8 @@ def calls(record: Path) -> list[list[str]]:
 
 
 def start_hooked_stack(env: dict[str, str], bin_dir: Path) -> Stack:
-    """A stack (web, ASGI, workers, publisher) whose PATH starts with `bin_dir`: the web
-    server runs a drain's hook, the workers a policy's."""
+    """A stack (web, ASGI, workers, publisher) whose PATH starts with `bin_dir`: the
+    workers run the scheduler hooks (commands.node_carry_out)."""
     path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
     return Stack({**env, "PATH": path}, name="e2e").start()
 

@@ -1,7 +1,7 @@
 """The Django admin's node and run actions issue commands through the API's service: the
 admin user is the actor, the cluster role is checked (a refusal is audited), the scheduler
-hook runs; stop and drain ask for a reason and the names typed again; a node's state is not
-editable in the admin."""
+hook runs (in the live stack's worker); stop and drain ask for a reason and the names typed
+again; a node's state is not editable in the admin."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from apps.access.services import role_grant
 from apps.audit.models import AuditEntry
 from apps.clusters.models import Node
 from apps.commands.models import ClusterHooks, Command
+from tests.commands.conftest import settled
 
 NODES = "/admin/clusters/node/"
 RUNS = "/admin/runs/run/"
@@ -51,7 +52,7 @@ def messages_of(response) -> list[str]:
     return [str(message) for message in response.wsgi_request._messages]
 
 
-def test_cordon_from_the_admin_goes_through_the_service(world, root, tmp_path):
+def test_cordon_from_the_admin_goes_through_the_service(live_stack, world, root, tmp_path):
     record = tmp_path / "kubectl.args"
     kubectl = tmp_path / "kubectl"
     kubectl.write_text(f'#!/bin/sh\necho "$@" >> "{record}"\n')
@@ -64,6 +65,7 @@ def test_cordon_from_the_admin_goes_through_the_service(world, root, tmp_path):
     assert Node.objects.get(pk=world.node1.pk).state == "active"  # not before confirming
     done = act(root, NODES, "cordon", [world.node1], reason="fan failure")
     assert done.status_code == 302
+    settled(world.cluster)
     node = Node.objects.get(pk=world.node1.pk)
     assert (node.state, node.cordon_reason, node.cordoned_by.username) == (
         "cordoned", "fan failure", "root"
@@ -76,10 +78,12 @@ def test_cordon_from_the_admin_goes_through_the_service(world, root, tmp_path):
     assert (command.state, command.issued_by.username) == ("succeeded", "root")
 
 
-def test_uncordon_from_the_admin(world, root):
+def test_uncordon_from_the_admin(live_stack, world, root):
     act(root, NODES, "cordon", [world.node1, world.node2], reason="rack move")
+    settled(world.cluster)
     assert set(Node.objects.values_list("state", flat=True)) == {"cordoned"}
     act(root, NODES, "uncordon", [world.node2], reason="")
+    settled(world.cluster)
     assert Node.objects.get(pk=world.node2.pk).state == "active"
     assert Node.objects.get(pk=world.node1.pk).state == "cordoned"
 
@@ -102,7 +106,7 @@ def test_staff_see_only_the_nodes_of_their_clusters(world):
     assert listing.status_code == 200 and b"node-01" not in listing.content
 
 
-def test_drain_asks_for_a_reason_and_the_names_typed_again(world, root):
+def test_drain_asks_for_a_reason_and_the_names_typed_again(live_stack, world, root):
     refused = act(root, NODES, "drain", [world.node1], reason="", confirm="node-01")
     assert refused.status_code == 200 and refused.context["form"].errors["reason"]
     mistyped = act(root, NODES, "drain", [world.node1], reason="XID 79", confirm="node-1")
@@ -110,6 +114,7 @@ def test_drain_asks_for_a_reason_and_the_names_typed_again(world, root):
     assert not Command.objects.exists()
     done = act(root, NODES, "drain", [world.node1], reason="XID 79", confirm="node-01")
     assert done.status_code == 302
+    settled(world.cluster)
     drain = Command.objects.get(kind="drain")
     assert (drain.state, drain.reason) == ("accepted", "XID 79")
     assert Node.objects.get(pk=world.node1.pk).state == "draining"

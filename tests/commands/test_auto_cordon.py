@@ -1,7 +1,8 @@
 """The auto-cordon policy: off by default; when on, a critical hardware alert (uncorrectable
-ECC, an XID whose catalog action is a reset or an RMA, SDC confirmed at two checks) cordons
-its node within the evaluation pass that opened it, through the cordon service (the
-scheduler hook runs), audited as done by the policy; it never overrules a person."""
+ECC, an XID whose catalog action is a reset or an RMA, SDC confirmed at two checks) issues
+a cordon of its node within the evaluation pass that opened it, through the cordon service;
+the scheduler hook runs in the live stack's worker (never in the pass), audited as done by
+the policy; it never overrules a person."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from apps.commands.models import AutoCordonPolicy, ClusterHooks, Command
 from apps.commands.services import command_issue, critical_finding
 from apps.core.signals import alert_raised
 from apps.runs.models import Run, RunEvent, StepReport
+from tests.commands.conftest import settled
 
 HOOK = """#!{python}
 import json, sys
@@ -29,9 +31,16 @@ with open({record!r}, "a") as record:
     record.write(json.dumps(sys.argv[1:]) + "\\n")
 """
 
+SLOW_HOOK = """#!{python}
+import json, sys, time
+time.sleep(6)
+with open({record!r}, "a") as record:
+    record.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
 
 @pytest.fixture
-def hook_calls(world, tmp_path) -> Path:
+def hook_calls(live_stack, world, tmp_path) -> Path:
     """The cluster's cordon hook: a real executable recording its arguments in the file."""
     record = tmp_path / "calls.jsonl"
     script = tmp_path / "scontrol"
@@ -58,7 +67,16 @@ def event(world, node: Node, kind: str, gpu: int = 0, **data) -> None:
 
 
 def evaluate(world) -> None:
+    """An evaluation pass, then the worker's carrying out of the commands it issued."""
     alerts_evaluate(cluster=world.cluster, now=time.time())
+    settled(world.cluster)
+
+
+def issue_now(world, **fields) -> None:
+    command_issue(
+        user=world.operator, cluster=world.cluster, idempotency_key=uuid.uuid4().hex, **fields
+    )
+    settled(world.cluster)
 
 
 def state(node: Node) -> str:
@@ -104,6 +122,25 @@ def test_uncorrectable_ecc_cordons_within_the_pass(world, hook_calls):
     assert entry.reason == node.cordon_reason and entry.detail["hook"]["exit_code"] == 0
     issued = AuditEntry.objects.get(action="command.cordon", cluster_id=world.cluster.pk)
     assert issued.actor_kind == "policy"
+
+
+def test_the_pass_issues_the_cordon_and_never_waits_for_the_hook(live_stack, world, tmp_path):
+    record = tmp_path / "calls.jsonl"
+    script = tmp_path / "slow-scontrol"
+    script.write_text(SLOW_HOOK.format(python=sys.executable, record=str(record)))
+    script.chmod(0o755)
+    ClusterHooks.objects.create(cluster=world.cluster, cordon_argv=[str(script), "{node}"])
+    policy_on(world)
+    event(world, world.node1, "ecc", count=2, uncorrectable=True)
+    began = time.monotonic()
+    alerts_evaluate(cluster=world.cluster, now=time.time())
+    took = time.monotonic() - began
+    command = Command.objects.get(kind="cordon")
+    assert command.state == "issued" and took < 4.0, took
+    assert state(world.node1) == "active"  # until the hook agreed
+    settled(world.cluster)
+    assert Command.objects.get(pk=command.pk).state == "succeeded"
+    assert state(world.node1) == "cordoned" and calls(record) == [["node-01"]]
 
 
 def test_a_corrected_ecc_error_does_not_cordon(world, hook_calls):
@@ -159,10 +196,7 @@ def test_a_person_who_uncordons_is_not_overruled_for_the_same_alert(world, hook_
     event(world, world.node1, "xid", code=79)
     evaluate(world)
     assert state(world.node1) == "cordoned"
-    command_issue(
-        user=world.operator, cluster=world.cluster, kind="uncordon", node=world.node1,
-        reason="GPU reseated, burn-in passed", idempotency_key=uuid.uuid4().hex,
-    )  # fmt: skip
+    issue_now(world, kind="uncordon", node=world.node1, reason="GPU reseated, burn-in passed")
     assert state(world.node1) == "active"
     # the condition goes on (another XID 79 on that GPU): the alert stays open, a new pass
     event(world, world.node1, "xid", code=79)
@@ -178,10 +212,7 @@ def test_a_person_who_uncordons_is_not_overruled_for_the_same_alert(world, hook_
 
 def test_a_person_s_cordon_stands(world, hook_calls):
     policy_on(world)
-    command_issue(
-        user=world.operator, cluster=world.cluster, kind="cordon", node=world.node1,
-        reason="ticket 7", idempotency_key=uuid.uuid4().hex,
-    )  # fmt: skip
+    issue_now(world, kind="cordon", node=world.node1, reason="ticket 7")
     event(world, world.node1, "ecc", count=1)
     evaluate(world)
     node = Node.objects.get(pk=world.node1.pk)
@@ -191,7 +222,7 @@ def test_a_person_s_cordon_stands(world, hook_calls):
     assert Command.objects.filter(kind="cordon").count() == 1
 
 
-def test_a_failing_hook_leaves_the_node_and_the_failure_audited(world, tmp_path):
+def test_a_failing_hook_leaves_the_node_and_the_failure_audited(live_stack, world, tmp_path):
     ClusterHooks.objects.create(cluster=world.cluster, cordon_argv=["false", "{node}"])
     policy_on(world)
     event(world, world.node1, "ecc", count=1)

@@ -16,6 +16,7 @@ from apps.commands.models import Command
 from apps.commands.rows import result_text
 from apps.runs.models import Run, RunEvent, StepReport
 from tests.access.conftest import client_of, user_with
+from tests.commands.conftest import settled
 
 pytestmark = pytest.mark.django_db
 
@@ -162,20 +163,29 @@ def test_stop_wants_a_reason_and_the_run_name_typed_exactly(operator):
     assert (stop.kind, stop.reason, stop.state) == ("stop", "bad GPU", "issued")
 
 
-def test_drain_wants_the_node_name_and_cordons_then_shows_uncordon(operator):
+def test_drain_wants_the_node_name_and_cordons_then_shows_uncordon(
+    live_stack, transactional_db, operator
+):
     url = f"{NODE_PAGE}commands/drain"
     assert post(operator, url, reason="XID 79", confirm="node-01").status_code == 400
     assert post(operator, url, reason="XID 79", confirm="node-00").status_code == 302
     drain = Command.objects.get(kind="drain")
     assert drain.node.name == "node-00" and drain.reason == "XID 79"
+    # the drain hook runs in the worker; the post answered before it did
+    settled(drain.cluster)
     assert Node.objects.get(cluster__name="alpha").state == "draining"
+    # a cordon while it drains is refused, the form shown again saying why
+    refused = post(operator, f"{NODE_PAGE}commands/cordon", reason="mine")
+    assert refused.status_code == 409 and "is draining" in refused.content.decode()
+    assert not Command.objects.filter(kind="cordon").exists()
     page = operator.get(NODE_PAGE).content.decode()
     assert 'data-action="drain"' not in page and 'data-action="cordon"' not in page
     assert f'data-command-id="{drain.pk}"' in page
 
 
-def test_cordon_and_uncordon_swap_buttons(operator):
+def test_cordon_and_uncordon_swap_buttons(live_stack, transactional_db, operator):
     assert post(operator, f"{NODE_PAGE}commands/cordon", reason="flaky").status_code == 302
+    settled(Cluster.objects.get(name="alpha"))
     node = Node.objects.get(cluster__name="alpha")
     assert (node.state, node.cordon_reason) == ("cordoned", "flaky")
     page = operator.get(NODE_PAGE).content.decode()
@@ -184,6 +194,7 @@ def test_cordon_and_uncordon_swap_buttons(operator):
     row = re.search(r'<tr data-command-id="[^"]+" data-kind="cordon" data-state="succeeded"', page)
     assert row and "hook: none" in page
     assert post(operator, f"{NODE_PAGE}commands/uncordon").status_code == 302
+    settled(Cluster.objects.get(name="alpha"))
     assert Node.objects.get(cluster__name="alpha").state == "active"
 
 
@@ -245,3 +256,13 @@ def test_a_result_reads_as_one_line():
     )
     assert result_text({}) == ""
     assert len(result_text({"message": "x" * 1000})) == 300
+
+
+def test_a_cordon_on_its_way_offers_the_uncordon_and_no_second_cordon(operator):
+    # no worker here: the cordon stays issued, its hook not run, the node still active
+    assert post(operator, f"{NODE_PAGE}commands/cordon", reason="flaky").status_code == 302
+    assert Command.objects.get(kind="cordon").state == "issued"
+    assert Node.objects.get(cluster__name="alpha").state == "active"
+    page = operator.get(NODE_PAGE).content.decode()
+    assert 'data-action="uncordon"' in page and 'data-action="cordon"' not in page
+    assert re.search(r'<tr data-command-id="[^"]+" data-kind="cordon" data-state="issued"', page)

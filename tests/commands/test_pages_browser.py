@@ -136,8 +136,9 @@ def test_drain_wants_the_name_and_the_overview_shows_it_live(chromium, live_stac
     page.click('[data-action="drain-submit"]')
     page.wait_for_url(re.compile(r".*/nodes/node-01/#commands$"))
     drain = Command.objects.get(kind="drain")
+    # the drain hook runs in the worker: the row, then the node's state, follow live
     page.wait_for_selector(row(str(drain.pk), "accepted"))
-    assert page.locator("#node-state").inner_text() == "draining"
+    page.wait_for_selector('#node-state[data-state="draining"]', timeout=10_000)
     assert page.locator('[data-action="drain"]').count() == 0
 
     badge = '.node-card[data-node="node-01"] .node-badge[data-node-state="draining"]'
@@ -148,8 +149,10 @@ def test_drain_wants_the_name_and_the_overview_shows_it_live(chromium, live_stac
     page.fill("#cordon-reason", "fan noise")
     page.click('[data-action="cordon"]')
     page.wait_for_url(re.compile(r".*/nodes/node-02/#commands$"))
-    assert Node.objects.get(pk=world.node2.pk).state == "cordoned"
+    # the page offers the uncordon at once, though the hook may not have run yet
     assert page.locator('[data-action="uncordon"]').count() == 1
+    page.wait_for_selector('#node-state[data-state="cordoned"]', timeout=10_000)
+    assert Node.objects.get(pk=world.node2.pk).state == "cordoned"
     badge = '.node-card[data-node="node-02"] .node-badge[data-node-state="cordoned"]'
     overview.wait_for_selector(badge, state="visible", timeout=5_000)
     assert overview.locator("#count-cordoned").inner_text() == "1"

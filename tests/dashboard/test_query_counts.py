@@ -32,7 +32,9 @@ PAGES = {
     # the raw window live in chunks). 24, not 27: the heat-map (its history plan, cells and
     # rank places) is fetched after load
     "run": ("/clusters/{c}/runs/" + RUN + "/", 24),
-    "node": ("/clusters/{c}/nodes/node-00/", 20),  # + its commands, its runs and ranks
+    # + its commands, its runs and ranks, and (for an operator) its state once its node
+    # commands still issued are carried out (the buttons it offers)
+    "node": ("/clusters/{c}/nodes/node-00/", 21),
     "alerts": ("/alerts/?cluster={c}", 5),
 }
 

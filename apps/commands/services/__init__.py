@@ -17,6 +17,11 @@ from apps.commands.services.issue import (
     commands_deliver,
     idempotency_scope,
 )
+from apps.commands.services.node_commands import (
+    NodeBusy,
+    node_command_carry_out,
+    node_commands_resend,
+)
 from apps.commands.services.nodes import HookFailed, hook_argv, node_cordon, node_uncordon
 from apps.commands.services.policy import critical_finding, policy_apply
 from apps.commands.services.reactions import checkpoint_evaluate, commands_sweep
@@ -27,6 +32,7 @@ __all__ = [
     "CommandInvalid",
     "HookFailed",
     "IdempotencyMismatch",
+    "NodeBusy",
     "checkpoint_evaluate",
     "command_ack",
     "command_ack_refused",
@@ -40,6 +46,8 @@ __all__ = [
     "critical_finding",
     "idempotency_scope",
     "hook_argv",
+    "node_command_carry_out",
+    "node_commands_resend",
     "node_cordon",
     "node_uncordon",
     "policy_apply",

@@ -31,7 +31,11 @@ from apps.commands.services.core import (
     command_transition,
     request_fingerprint,
 )
-from apps.commands.services.nodes import HookFailed, node_cordon, node_uncordon
+from apps.commands.services.node_commands import (
+    NodeBusy,
+    node_admit,
+    node_command_enqueue_on_commit,
+)
 from apps.commands.wakeups import commands_wake_on_commit
 from apps.runs.models import Run
 
@@ -97,23 +101,31 @@ def command_issue(
     )
     if kind == CommandKind.RESUME:
         args = _resume_args(run=run, args=args or {})
+    scope = idempotency_scope(user=user, request=request)
     try:
-        command, created = command_create(
-            cluster_id=cluster.pk,
-            kind=kind,
-            idempotency_key=idempotency_key,
-            idempotency_scope=idempotency_scope(user=user, request=request),
-            fingerprint=fingerprint,
-            run_id=run.pk if run else None,
-            node_id=node.pk if node else None,
-            args=args,
-            reason=reason,
-            issued_by_id=getattr(user, "pk", None),
-            parent_id=parent.pk if parent else None,
-        )
+        with transaction.atomic():  # a node's admission lock lasts until its command exists
+            folded = _admit(node=node, kind=kind, idempotency_key=idempotency_key, scope=scope)
+            command, created = folded or command_create(
+                cluster_id=cluster.pk,
+                kind=kind,
+                idempotency_key=idempotency_key,
+                idempotency_scope=scope,
+                fingerprint=fingerprint,
+                run_id=run.pk if run else None,
+                node_id=node.pk if node else None,
+                args=args,
+                reason=reason,
+                issued_by_id=getattr(user, "pk", None),
+                parent_id=parent.pk if parent else None,
+            )
     except IdempotencyMismatch as mismatch:
         _audit_invalid(kind=kind, audit=audit, loc="Idempotency-Key", msg=str(mismatch),
                        command=str(mismatch.command.pk))  # fmt: skip
+        raise
+    except NodeBusy as busy:
+        audit_record(
+            action=f"command.{kind}", outcome="denied", detail={"refused": str(busy)}, **audit
+        )
         raise
     audit_record(
         action=f"command.{kind}",
@@ -122,7 +134,7 @@ def command_issue(
         **audit,
     )
     if created and kind in NODE_KINDS:
-        command = _carry_out(command=command, node=node, audit=audit)
+        node_command_enqueue_on_commit(command=command)
     elif created:
         commands_wake_on_commit(command=command)
     return command, created
@@ -165,6 +177,17 @@ def _audit_invalid(*, kind: str, audit: dict[str, Any], loc: str, msg: str, **de
     )
 
 
+def _admit(
+    *, node: Node | None, kind: str, idempotency_key: str, scope: str
+) -> tuple[Command, bool] | None:
+    """A node command's admission (node_commands.node_admit): the live drain a new drain
+    folds into, as (drain, False), or None."""
+    if node is None or kind not in NODE_KINDS:
+        return None
+    drain = node_admit(node=node, kind=kind, idempotency_key=idempotency_key, scope=scope)
+    return (drain, False) if drain is not None else None
+
+
 def _validate(*, cluster: Cluster, kind: str, run: Run | None, node: Node | None) -> None:
     if kind in RUN_KINDS and run is None:
         raise CommandInvalid("run", f"a {kind} command names a run")
@@ -188,34 +211,6 @@ def _resume_args(*, run: Run, args: dict[str, Any]) -> dict[str, Any]:
         filled.setdefault("step", plan["checkpoint"]["step"])
     filled.setdefault("nodes", plan["nodes"])
     return filled
-
-
-def _carry_out(*, command: Command, node: Node, audit: dict[str, Any]) -> Command:
-    """Cordon and uncordon happen now; a drain starts (apps.commands.services.reactions)."""
-    from apps.commands.services.reactions import drain_start
-
-    actor = {key: audit[key] for key in ("actor_user", "actor_kind", "actor_name", "request")}
-    try:
-        if command.kind == CommandKind.CORDON:
-            hook = node_cordon(node=node, reason=command.reason, **actor)
-        elif command.kind == CommandKind.UNCORDON:
-            hook = node_uncordon(node=node, reason=command.reason, **actor)
-        else:
-            return drain_start(command=command, node=node, actor=actor)
-    except HookFailed as failed:
-        return command_transition(
-            command_id=command.pk,
-            to_state=CommandState.FAILED,
-            detail={"hook": failed.result.to_dict()},
-            result={"hook": failed.result.to_dict()},
-        )[0]
-    hook_result = {"hook": hook.to_dict() if hook else None}
-    return command_transition(
-        command_id=command.pk,
-        to_state=CommandState.SUCCEEDED,
-        detail=hook_result,
-        result=hook_result,
-    )[0]
 
 
 def commands_deliver(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +20,8 @@ from apps.commands.choices import NODE_NAME_PATTERN
 from apps.commands.models import ClusterHooks
 
 OUTPUT_KEPT = 4000  # characters of a hook's stdout / stderr kept in the audit entry
+# After a timeout's SIGKILL, how long to wait for the hook's pipes to close
+OUTPUT_WAIT_S = 5.0
 _NODE_NAME = re.compile(NODE_NAME_PATTERN)
 
 
@@ -74,20 +79,42 @@ def hook_run(*, node: Node, which: str, reason: str) -> HookResult | None:
     except ValueError as error:
         return HookResult(argv=[], exit_code=None, error=str(error))
     try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=hooks.timeout_s, shell=False, check=False
-        )
-    except subprocess.TimeoutExpired as expired:
-        return HookResult(
-            argv=argv,
-            exit_code=None,
-            stdout=_text(expired.stdout),
-            stderr=_text(expired.stderr),
-            error=f"timed out after {hooks.timeout_s:g} s",
+        # a session of its own: on timeout the whole process group goes, not the hook's
+        # first process alone (a wrapper script's `scontrol` or `kubectl` would live on)
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            shell=False,
+            start_new_session=True,
         )
     except OSError as error:
         return HookResult(argv=argv, exit_code=None, error=f"could not start: {error}")
-    return HookResult(argv=argv, exit_code=done.returncode, stdout=done.stdout, stderr=done.stderr)
+    try:
+        stdout, stderr = process.communicate(timeout=hooks.timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(process.pid)
+        try:
+            stdout, stderr = process.communicate(timeout=OUTPUT_WAIT_S)
+        except subprocess.TimeoutExpired:  # a process that left the group holds the pipes
+            for pipe in (process.stdout, process.stderr):
+                pipe.close()  # type: ignore[union-attr]
+            process.wait()
+            stdout = stderr = ""
+        return HookResult(
+            argv=argv,
+            exit_code=None,
+            stdout=_text(stdout),
+            stderr=_text(stderr),
+            error=f"timed out after {hooks.timeout_s:g} s",
+        )
+    return HookResult(argv=argv, exit_code=process.returncode, stdout=stdout, stderr=stderr)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _text(output: bytes | str | None) -> str:

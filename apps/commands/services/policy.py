@@ -13,9 +13,10 @@ from typing import Any
 
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Node
-from apps.commands.choices import IDEMPOTENCY_SYSTEM, CommandKind
+from apps.commands.choices import IDEMPOTENCY_SYSTEM, LIVE_STATES, CommandKind
 from apps.commands.models import AutoCordonPolicy, Command
 from apps.commands.services.issue import command_issue
+from apps.commands.services.node_commands import NodeBusy
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +62,9 @@ def policy_key(alert_id: int) -> str:
 def policy_apply(*, alert: dict[str, Any]) -> Command | None:
     """Cordon the alert's node if its cluster's policy covers the alert (see
     critical_finding) and the node is neither cordoned nor draining already (a person's
-    cordon or drain stands, with its reason). Returns the cordon command (succeeded, or
-    failed when the scheduler hook failed), or None when the policy did nothing. Audited
+    cordon or drain stands, with its reason). Returns the cordon command, issued: the
+    scheduler hook runs in a task (commands.node_carry_out), never in the detector pass that
+    called this; or None when the policy did nothing. Audited
     as `command.cordon` and `node.cordon` by actor kind "policy", the alert as reason."""
     finding = critical_finding(alert)
     if finding is None or alert.get("node_id") is None:
@@ -77,15 +79,22 @@ def policy_apply(*, alert: dict[str, Any]) -> Command | None:
     node = Node.objects.select_related("cluster").filter(pk=alert["node_id"]).first()
     if node is None or node.state in (NodeState.CORDONED, NodeState.DRAINING):
         return None
-    command = command_issue(
-        cluster=node.cluster,
-        kind=CommandKind.CORDON,
-        node=node,
-        reason=f"alert {alert['id']} ({alert['kind']}): {alert.get('summary', '')}"[:2000],
-        args={"alert": alert["id"], "finding": finding},
-        idempotency_key=key,
-        **POLICY_ACTOR,
-    )[0]
+    if Command.objects.filter(
+        node_id=node.pk, kind__in=[CommandKind.CORDON, CommandKind.DRAIN], state__in=LIVE_STATES
+    ).exists():
+        return None  # a person's cordon or drain is on its way: it stands
+    try:
+        command = command_issue(
+            cluster=node.cluster,
+            kind=CommandKind.CORDON,
+            node=node,
+            reason=f"alert {alert['id']} ({alert['kind']}): {alert.get('summary', '')}"[:2000],
+            args={"alert": alert["id"], "finding": finding},
+            idempotency_key=key,
+            **POLICY_ACTOR,
+        )[0]
+    except NodeBusy:  # a drain was issued and has not started: it cordons the node
+        return None
     logger.warning("auto-cordon: %s %s after alert %s", node, command.state, alert["id"])
     return command
 

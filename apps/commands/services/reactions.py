@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
-from django.db.models import Min
+from django.db.models import Exists, Min, OuterRef
 from django.utils import timezone
 
 from apps.audit.choices import ActorKind, AuditAction, Outcome
@@ -41,6 +43,13 @@ def drain_start(*, command: Command, node: Node, actor: dict[str, Any]) -> Comma
     runs = node_runs(node=node)
     hook_result = {"hook": hook.to_dict() if hook else None, "runs": [run.name for run in runs]}
     command = _move(command, CommandState.ACCEPTED, hook_result)
+    # the drain's deadline is its phases': the checkpoint's, then the stop's
+    phases = timedelta(
+        seconds=settings.COMMANDS_DRAIN_CHECKPOINT_S + settings.COMMANDS_DRAIN_STOP_S
+    )
+    Command.objects.filter(pk=command.pk, state__in=LIVE_STATES).update(
+        expires_at=timezone.now() + phases
+    )
     for run in runs:
         _child(command, CommandKind.CHECKPOINT, run)
     if not runs:
@@ -56,23 +65,33 @@ def command_finished(*, command: Command) -> None:
     if command.kind == CommandKind.DRAIN:
         node_drain_settle(node_id=command.node_id)
         return
-    if command.parent_id is None:
-        return
-    drain = Command.objects.get(pk=command.parent_id)
-    if drain.state not in (CommandState.ACCEPTED,):
-        return
-    if command.kind == CommandKind.CHECKPOINT:
-        if command.state == CommandState.SUCCEEDED:
-            _child(drain, CommandKind.STOP, command.run, node_id=drain.node_id)
-        else:
-            _move(
-                drain, CommandState.FAILED, {"checkpoint": str(command.pk), "run": command.run.name}
-            )
-    elif command.kind == CommandKind.STOP:
-        if command.state != CommandState.SUCCEEDED:
-            _move(drain, CommandState.FAILED, {"stop": str(command.pk), "run": command.run.name})
-        elif _all_stopped(drain):
-            _move(drain, CommandState.SUCCEEDED, {"stopped": drain.result.get("runs", [])})
+    if command.parent_id is not None:
+        drain_step(drain=Command.objects.get(pk=command.parent_id))
+
+
+def drain_step(*, drain: Command) -> Command:
+    """Take an accepted drain as far as its children allow, judged from their states alone
+    (so the sweep may call it again for a reaction that never ran): a succeeded checkpoint
+    gets its stop, a failed or expired checkpoint or stop fails the drain, and the drain
+    succeeds once every run's stop succeeded. A drain no longer accepted is left as it is: a
+    checkpoint that succeeds after its drain ended sends no stop."""
+    if drain.state != CommandState.ACCEPTED:
+        return drain
+    children = list(drain.children.select_related("run").order_by("issued_at"))
+    stopping = {child.run_id for child in children if child.kind == CommandKind.STOP}
+    for child in children:
+        if child.state in (CommandState.FAILED, CommandState.EXPIRED):
+            detail = {child.kind: str(child.pk), "run": child.run.name}
+            return _move(drain, CommandState.FAILED, detail)
+        if (
+            child.kind == CommandKind.CHECKPOINT
+            and child.state == CommandState.SUCCEEDED
+            and child.run_id not in stopping
+        ):
+            _child(drain, CommandKind.STOP, child.run, node_id=drain.node_id)
+    if _all_stopped(drain):
+        return _move(drain, CommandState.SUCCEEDED, {"stopped": drain.result.get("runs", [])})
+    return drain
 
 
 def run_state_follow(*, command: Command) -> None:
@@ -106,11 +125,12 @@ def _all_stopped(drain: Command) -> bool:
 
 
 def _child(drain: Command, kind: str, run: Run, node_id: int | None = None) -> Command:
-    """A drain's own checkpoint or stop: one per run (its idempotency key says so)."""
+    """A drain's own checkpoint or stop: one per run (its idempotency key says so), due
+    within its phase's deadline; the drain lives at least as long as its newest phase."""
     from apps.commands.services.issue import command_issue
 
     node = Node.objects.get(pk=node_id) if node_id else None
-    return command_issue(
+    child, created = command_issue(
         cluster=drain.cluster,
         kind=kind,
         run=run,
@@ -120,7 +140,20 @@ def _child(drain: Command, kind: str, run: Run, node_id: int | None = None) -> C
         idempotency_key=f"drain:{drain.pk}:{kind}:{run.pk}",
         parent=drain,
         **SYSTEM,
-    )[0]
+    )
+    if created:
+        deadline = child.issued_at + timedelta(seconds=_phase_s(kind))
+        Command.objects.filter(pk=child.pk, state__in=LIVE_STATES).update(expires_at=deadline)
+        Command.objects.filter(pk=drain.pk, state__in=LIVE_STATES, expires_at__lt=deadline).update(
+            expires_at=deadline
+        )
+    return child
+
+
+def _phase_s(kind: str) -> float:
+    if kind == CommandKind.CHECKPOINT:
+        return settings.COMMANDS_DRAIN_CHECKPOINT_S
+    return settings.COMMANDS_DRAIN_STOP_S
 
 
 def _move(command: Command, state: str, detail: dict[str, Any]) -> Command:
@@ -174,7 +207,11 @@ def command_expire(*, command_id: uuid.UUID | str) -> bool:
 
 
 def commands_sweep() -> dict[str, int]:
-    """Beat's pass: expire the live commands past expires_at, judge accepted checkpoints."""
+    """Beat's pass: expire the live commands past expires_at, judge accepted checkpoints,
+    send node commands whose task was lost again, and re-run the reactions of accepted
+    drains (a crash between a child's commit and its reaction loses nothing)."""
+    from apps.commands.services.node_commands import node_commands_resend
+
     now = timezone.now()
     expired = judged = 0
     late = Command.objects.filter(
@@ -187,4 +224,25 @@ def commands_sweep() -> dict[str, int]:
     accepted = Command.objects.filter(kind=CommandKind.CHECKPOINT, state=CommandState.ACCEPTED)
     for command in accepted:
         judged += checkpoint_evaluate(command=command).state != CommandState.ACCEPTED
-    return {"expired": expired, "judged": judged}
+    stepped = 0
+    for drain in Command.objects.filter(kind=CommandKind.DRAIN, state=CommandState.ACCEPTED):
+        stepped += drain_step(drain=drain).state != CommandState.ACCEPTED
+    settled = drains_settle()
+    resent = node_commands_resend()
+    return {
+        "expired": expired,
+        "judged": judged,
+        "drains": stepped,
+        "settled": settled,
+        "resent": resent,
+    }
+
+
+def drains_settle() -> int:
+    """Nodes still draining though no drain of theirs is live (the drain's end committed,
+    its settling did not) end cordoned, as command_finished would have left them."""
+    live = Command.objects.filter(
+        node_id=OuterRef("pk"), kind=CommandKind.DRAIN, state__in=LIVE_STATES
+    )
+    stuck = Node.objects.filter(state=NodeState.DRAINING).filter(~Exists(live))
+    return stuck.update(state=NodeState.CORDONED)
