@@ -73,7 +73,7 @@ class CommandForm(forms.Form):
 
     def _resume_args(self, cleaned: dict[str, Any]) -> dict[str, Any]:
         # the API's own validation of args (imported here: it pulls in django-ninja)
-        from apps.commands.api import CommandArgs
+        from apps.commands.schemas import CommandArgs
 
         raw: dict[str, Any] = {
             "checkpoint": cleaned.get("checkpoint") or None,

@@ -328,7 +328,7 @@ class LongPollApp:
     async def _poll(
         self, scope: dict, receive: Callable, token: AgentToken
     ) -> tuple[int, dict[str, Any] | None]:
-        from apps.commands.api import CommandsQuery
+        from apps.commands.schemas import CommandsQuery
 
         params = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), True))
         nul = next((name for name, value in params.items() if NUL in name + value), None)

@@ -176,7 +176,10 @@ def freezer():
     try:
         group.mkdir()
     except OSError as exc:
-        pytest.skip(f"no cgroup v1 freezer to hold a process past SIGKILL: {exc}")
+        message = f"no cgroup v1 freezer to hold a process past SIGKILL: {exc}"
+        if os.environ.get("CI"):  # as the other host-dependent tests: CI runs everything
+            pytest.fail(f"CI runs the survivor test, but {message}")
+        pytest.skip(message)
     yield group
     (group / "freezer.state").write_text("THAWED")
     wait_until(lambda: not (group / "cgroup.procs").read_text().strip(), 10, "thawed to exit")
