@@ -14,8 +14,9 @@ import uuid
 
 import pytest
 
+from launcher.procs import wait_until
 from tests.agent.command_stub import CommandStub
-from tests.agent.supervised import scan, start_supervisor, wait_until
+from tests.agent.supervised import scan, start_supervisor
 
 # Logs each start (pid, the resume environment, the job id) and each SIGTERM; with "exit"
 # it leaves on SIGTERM, with "ignore" it outlives it.

@@ -16,9 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.procs import wait_until
 from opsboard_agent import jobtree
 from tests.agent.command_stub import CommandStub
-from tests.agent.supervised import report, scan, start_supervisor, wait_until
+from tests.agent.supervised import report, scan, start_supervisor
 
 # Both ranks ignore SIGTERM; rank 0 waits in a barrier rank 1 never joins (a stuck
 # collective, where operators press Stop), rank 1 sleeps. Each writes its pid when ready.
