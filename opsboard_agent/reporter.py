@@ -19,9 +19,9 @@ nothing: the server then sees the run's steps stop, and its `hang` detector spea
 
 "Checkpoint now": rank 0 polls the server for its run's `checkpoint` commands in a
 background thread. `checkpoint_requested(step)` is the step boundary at which the ranks
-agree: rank 0 broadcasts "save at this step" (or "no") through torch.distributed when it is
-initialised, so every rank answers True at the same step; rank 0 then acks the command
-`accepted` with that step. Saving and its `checkpoint` events stay the training loop's.
+agree (opsboard_agent.checkpoint_now: through the job's torch.distributed store, only while
+a request is pending), so every rank answers True at the same step; rank 0 then acks the
+command `accepted` with that step. Saving and its `checkpoint` events stay the loop's.
 
 Guarantees: `step()` and the phase timers only touch memory (a lock and a list append);
 a background thread spools records every `flush_interval` seconds and another sends them,
@@ -39,7 +39,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,8 @@ from opsboard_agent.checkpoint_now import CheckpointRequests
 from opsboard_agent.commands import CommandClient, CommandPoller
 from opsboard_agent.process import ExitState, env_int, node_gpu
 from opsboard_agent.records import Event, sample, sanitize_name
+from opsboard_agent.reporter_checkpoints import Checkpoints
+from opsboard_agent.reporter_checks import CorruptionChecks
 from opsboard_agent.sender import Sender
 from opsboard_agent.shipper import Shipper
 from opsboard_agent.spool import Spool
@@ -78,7 +80,7 @@ class _Phase:
         self._times[self._field] += time.perf_counter() - self._started
 
 
-class Reporter:
+class Reporter(Checkpoints, CorruptionChecks):
     def __init__(
         self,
         *,
@@ -248,67 +250,6 @@ class Reporter:
                 self._cuda_gpu = node_gpu(cuda.current_device())
         return self._cuda_gpu if self._cuda_gpu is not None else node_gpu(self.local_rank)
 
-    # -- checkpoint now ------------------------------------------------------------------
-
-    def request_checkpoint(self) -> None:
-        """Ask for a checkpoint at the next step boundary (on rank 0; e.g. from a signal
-        handler); the same path as an operator's command, without the acks."""
-        self.checkpoints.add(None)
-
-    @property
-    def checkpoint_step(self) -> int | None:
-        """The last step the ranks agreed to save at."""
-        return self.checkpoints.agreed_step
-
-    def checkpoint_requested(self, step: int) -> bool:
-        """True when the loop should save a checkpoint of `step` now. Every rank must call
-        it at every step (it is a collective when torch.distributed is initialised and
-        there is more than one rank); it answers the same on all of them. With
-        `checkpoint_sync_every` N > 1, only steps divisible by N are boundaries. A rank
-        whose reporter is disabled still takes part (else the others would wait for it)."""
-        refused = self.checkpoints.unagreeable()
-        if refused is not None and self.commands is not None:
-            why, commands = refused
-            for command in commands:
-                if command is not None:
-                    self.commands.ack(command, "failed", why)
-        target, answered = self.checkpoints.boundary(step, rank=self.rank)
-        if target is None:
-            return False
-        for command in answered:
-            if command is not None and self.commands is not None:
-                self.commands.ack(command, "accepted", f"checkpoint at step {target}", step=target)
-        return target == step
-
-    # -- corruption checks (torch imported only here) -----------------------------------
-
-    def record_grad_checksum(self, model: Any) -> str:
-        """Call after the gradients are all-reduced, before the optimizer step."""
-        from opsboard_agent import torchcheck
-
-        value = self._pending["grad_checksum"] = torchcheck.grad_checksum(model)
-        return value
-
-    def record_param_checksum(self, model: Any) -> str:
-        """Call after the optimizer step."""
-        from opsboard_agent import torchcheck
-
-        value = self._pending["param_checksum"] = torchcheck.param_checksum(model)
-        return value
-
-    def record_canary(self, model: Any, loss_fn: Callable[[Any], Any]) -> dict[str, Any]:
-        """Canary of the fixed probe batch (`loss_fn(module)` returns its loss); its cost is
-        reported as the sample `agent.canary_seconds`."""
-        from opsboard_agent import torchcheck
-
-        started = time.perf_counter()
-        value = torchcheck.canary(
-            model, loss_fn, projections=self.canary_projections, seed=self.canary_seed
-        )
-        self._pending["canary"] = value
-        self.sample("agent.canary_seconds", time.perf_counter() - started)
-        return value
-
     # -- events and samples --------------------------------------------------------------
 
     def event(self, kind: str, *, ts: float | None = None, **fields: Any) -> None:
@@ -327,52 +268,6 @@ class Reporter:
         record = sample(time.time() if ts is None else ts, metric, value, gpu)
         if record is not None and self.shipper is not None:
             self.shipper.add(samples=(record,))
-
-    def checkpoint(
-        self,
-        step: int,
-        tier: str,
-        state: str,
-        *,
-        path: str | None = None,
-        size: int | None = None,
-        duration: float | None = None,
-    ) -> None:
-        """One checkpoint event: `tier` is `local` or `durable`, `state` is `started`,
-        `completed` or `failed`."""
-        self.event(
-            "checkpoint",
-            step=step,
-            tier=tier,
-            state=state,
-            path=path,
-            bytes=size,
-            duration=duration,
-            rank=self.rank,
-        )
-
-    @contextlib.contextmanager
-    def checkpointing(
-        self, step: int, tier: str, *, path: str | None = None
-    ) -> Iterator[dict[str, Any]]:
-        """`started` now, then `completed` (with duration, and `bytes` if the block sets
-        `info["bytes"]`) or `failed` (the exception propagates)."""
-        info: dict[str, Any] = {}
-        self.checkpoint(step, tier, "started", path=path)
-        started = time.perf_counter()
-        try:
-            yield info
-        except BaseException:
-            self.checkpoint(step, tier, "failed", path=path, duration=time.perf_counter() - started)
-            raise
-        self.checkpoint(
-            step,
-            tier,
-            "completed",
-            path=path,
-            size=info.get("bytes"),
-            duration=time.perf_counter() - started,
-        )
 
     @contextlib.contextmanager
     def oom_guard(self) -> Iterator[None]:
@@ -404,6 +299,7 @@ class Reporter:
         """Send a `run_end` event (`state` finished or failed, an optional `message`; None
         sends none, e.g. for a process that hands the run on), spool what is buffered and
         deliver for up to `drain_timeout` seconds. Later calls do nothing."""
+        self.checkpoints.close()
         if self.shipper is None:
             return
         atexit.unregister(self._at_exit)
