@@ -34,6 +34,8 @@ def service_env() -> tuple[dict[str, str], bool]:
 
         environment["DATABASE_URL"] = database_url()
         embedded = True
+        # the embedded server is ours: its backends may follow ingest's priority
+        environment.setdefault("DB_BACKEND_NICE", "true")
     if not environment.get("REDIS_URL"):
         from opsboard.embedded import redis_url
 

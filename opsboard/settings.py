@@ -149,16 +149,18 @@ if not envbool("DB_JIT", "false"):
     DATABASES["default"]["OPTIONS"].setdefault("options", "-c jit=off")
 DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME") or None}
 # The niceness `make run` starts the ingest pool and worker at (launcher/stack.py; 0: none).
-# A niced process renices its own Postgres backends alike, and the maintenance passes
-# (rollups, compaction, pruning) run their database work at it, when the server runs on this
-# host and allows it (apps/core/db_nice.py; DB_BACKEND_NICE=false: neither). With
-# INGEST_SCHED_IDLE (Linux) all of them run in the idle scheduling class too.
+# With DB_BACKEND_NICE (opt-in: the backends are the database server's processes; the
+# launcher turns it on for the embedded Postgres it owns) a niced process renices its own
+# Postgres backends alike, and the maintenance passes (rollups, compaction, pruning) run
+# their database work at it, when the server runs on this host and allows it
+# (apps/core/db_nice.py). With INGEST_SCHED_IDLE (Linux) all of them run in the idle
+# scheduling class too.
 INGEST_NICE = envint("INGEST_NICE", 10)
 INGEST_SCHED_IDLE = envbool("INGEST_SCHED_IDLE", "true")
 # The idle cpu cgroup the launcher runs ingest in (INGEST_IDLE_GROUP, launcher/cpu_group.py):
 # the maintenance passes' backends join it too. Empty: none.
 INGEST_IDLE_GROUP_PATH = env("INGEST_IDLE_GROUP_PATH", "")
-DB_BACKEND_NICE = envbool("DB_BACKEND_NICE", "true")
+DB_BACKEND_NICE = envbool("DB_BACKEND_NICE", "false")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env("REDIS_URL")

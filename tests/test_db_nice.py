@@ -92,10 +92,20 @@ def database_urls() -> dict[str, str]:
     }
 
 
-def child_backend(url: str, niceness: int, prefix: Sequence[str] = ()) -> tuple[int, int, int]:
+def child_env(url: str, **extra: str) -> dict[str, str]:
+    """A child's environment: the database at `url`, backends following (DB_BACKEND_NICE,
+    opt-in; the launcher turns it on for the embedded Postgres)."""
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "opsboard.settings"}
+    env.pop("INGEST_IDLE_GROUP_PATH", None)
+    return {**env, "DB_BACKEND_NICE": "true", **extra}
+
+
+def child_backend(
+    url: str, niceness: int, prefix: Sequence[str] = (), *, follow: str = "true"
+) -> tuple[int, int, int]:
     """(pid, niceness, scheduling policy) of the backend of a child started with `prefix`
     (the launcher's wrapping) at `niceness`."""
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "opsboard.settings"}
+    env = child_env(url, DB_BACKEND_NICE=follow)
     command = [sys.executable, "-c", CHILD]
     if niceness:
         command = ["nice", "-n", str(niceness), *command]
@@ -117,6 +127,21 @@ def test_a_niced_process_renices_its_own_backend(via):
     url = database_urls()[via]
     assert child_backend(url, niceness=7)[1:] == (7, os.SCHED_OTHER)
     assert child_backend(url, niceness=0)[1:] == (0, os.SCHED_OTHER)
+
+
+@pytest.mark.django_db
+def test_backends_keep_the_servers_priority_unless_following_is_chosen(via):
+    """Opt-in: the backends are the database server's processes, not Opsboard's."""
+    url = database_urls()[via]
+    assert child_backend(url, niceness=7, follow="false")[1:] == (0, os.SCHED_OTHER)
+    env = child_env(url)
+    env.pop("DB_BACKEND_NICE")
+    done = subprocess.run(
+        ["nice", "-n", "7", sys.executable, "-c", CHILD],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert done.stdout.split()[1:] == ["0", str(os.SCHED_OTHER)]  # the default: off
+    # the launcher turns it on for the embedded Postgres: tests/test_embedded_default.py
 
 
 @pytest.mark.django_db
@@ -174,6 +199,7 @@ def test_maintenance_runs_its_database_work_at_ingest_priority_then_drops_the_ba
     transactional_db, settings, idle
 ):
     settings.INGEST_NICE, settings.INGEST_SCHED_IDLE = 6, idle
+    settings.DB_BACKEND_NICE = True
     before, niceness, policy = backend_priority()
     assert (niceness, policy) == (0, os.SCHED_OTHER)
     with background_db():
@@ -186,6 +212,7 @@ def test_maintenance_runs_its_database_work_at_ingest_priority_then_drops_the_ba
 @pytest.mark.django_db
 def test_maintenance_called_inside_a_transaction_changes_nothing(settings):
     settings.INGEST_NICE, settings.INGEST_SCHED_IDLE = 6, True
+    settings.DB_BACKEND_NICE = True
     before = backend_priority()
     with background_db():
         assert backend_priority() == before
@@ -221,8 +248,9 @@ def idle_group():
     assert idle_group_remove(group), f"{group} still holds a process"
 
 
-def groups_of_child(url: str, prefix: Sequence[str]) -> tuple[str, str]:
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "opsboard.settings"}
+def groups_of_child(url: str, prefix: Sequence[str], group: Path) -> tuple[str, str]:
+    """A child's own cpu cgroup and its backend's, the launcher naming `group` to it."""
+    env = child_env(url, INGEST_IDLE_GROUP_PATH=str(group))
     done = subprocess.run(
         [*prefix, sys.executable, "-c", CHILD_GROUP],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
@@ -235,9 +263,10 @@ def groups_of_child(url: str, prefix: Sequence[str]) -> tuple[str, str]:
 def test_a_process_in_an_idle_group_moves_its_own_backend_into_it(via, idle_group):
     url = database_urls()[via]
     wrapped = [sys.executable, "-m", "launcher.cpu_group", str(idle_group), "--"]
-    assert groups_of_child(url, wrapped) == (str(idle_group), str(idle_group))
-    # a process outside it leaves its backend where the server put it
-    own, backend = groups_of_child(url, [])
+    assert groups_of_child(url, wrapped, idle_group) == (str(idle_group), str(idle_group))
+    # a process outside it (though the group is named to it) leaves its backend where the
+    # server put it
+    own, backend = groups_of_child(url, [], idle_group)
     assert idle_group not in (Path(own), Path(backend))
 
 
@@ -267,7 +296,7 @@ def test_maintenance_backends_join_the_idle_group_then_are_dropped(
     transactional_db, settings, idle_group
 ):
     settings.INGEST_NICE, settings.INGEST_SCHED_IDLE = 0, False
-    settings.INGEST_IDLE_GROUP_PATH = str(idle_group)
+    settings.INGEST_IDLE_GROUP_PATH, settings.DB_BACKEND_NICE = str(idle_group), True
     before = backend_priority()[0]
     assert own_cpu_group(before) != idle_group
     with background_db():

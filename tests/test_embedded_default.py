@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from launcher.procs import ROOT, free_port, http_ok, wait_until
@@ -86,6 +87,12 @@ def test_the_embedded_default_ingests_end_to_end_and_keeps_its_data(tmp_path):
                 lambda: series(port, secret, now - 60), 60, "the batch to be stored"
             )
             assert len(points) == 1 and points[0][1] == 0.0
+            # the embedded Postgres is the stack's own: its backends follow ingest's priority
+            # (DB_BACKEND_NICE, opt-in elsewhere), named to every child that uses it
+            children = psutil.Process(stack.pid).children(recursive=True)
+            environs = [c.environ() for c in children if c.is_running()]
+            served = [e for e in environs if "DATABASE_URL" in e]
+            assert served and all(e.get("DB_BACKEND_NICE") == "true" for e in served)
         finally:
             stop_stack(stack)
         assert not (tmp_path / "var" / "pgdata" / "postmaster.pid").exists()

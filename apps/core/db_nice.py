@@ -12,6 +12,12 @@ scheduling group, and the server's backends are a group of their own) moves them
 group. With a remote database, a proxy in between (pgbouncer), or no permission, nothing
 changes.
 
+Opt-in (DB_BACKEND_NICE, off by default): the backends are the database server's processes,
+not Opsboard's. The launcher turns it on for the embedded Postgres, which it owns; with
+Postgres on another host it would do nothing, and on a shared host it would change processes
+Opsboard does not own unless someone chose it. The idle cpu cgroup is the launcher's to make:
+it names it in INGEST_IDLE_GROUP_PATH; this module only reads and joins it.
+
 A backend's pid is the server's view. Before renicing, the process makes sure that the pid
 names this connection's backend in its own pid namespace (a server in a container reached
 through a forwarded port has pids of another namespace): over TCP, the process title shows
@@ -33,8 +39,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection as default_connection
-
-from launcher.cpu_group import group_is_idle, group_join, own_cpu_group
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +69,25 @@ def own_priority() -> tuple[int, bool, Path | None]:
     INGEST_SCHED_IDLE, INGEST_IDLE_GROUP), and every request checks out a connection (a few
     syscalls each, for nothing, on the web workers)."""
     idle = hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE
-    group = own_cpu_group()
-    idle_group = group if group is not None and group_is_idle(group) else None
-    return os.getpriority(os.PRIO_PROCESS, 0), idle, idle_group
+    named = settings.INGEST_IDLE_GROUP_PATH
+    group = Path(named) if named else None
+    in_idle_group = group is not None and group_is_idle(group) and group_holds(group, os.getpid())
+    return os.getpriority(os.PRIO_PROCESS, 0), idle, group if in_idle_group else None
+
+
+def group_is_idle(group: Path) -> bool:
+    try:
+        return (group / "cpu.idle").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def group_holds(group: Path, pid: int) -> bool:
+    """True when process `pid` is in the cgroup `group` itself (not in a group below it)."""
+    try:
+        return str(pid) in (group / "cgroup.procs").read_text().split()
+    except OSError:
+        return False
 
 
 @contextmanager
@@ -114,8 +134,8 @@ def backend_renice(
         if idle and os.sched_getscheduler(pid) != os.SCHED_IDLE:
             os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
             changed = True
-        if group is not None and own_cpu_group(pid) != group:
-            group_join(group, pid)
+        if group is not None and not group_holds(group, pid):
+            (group / "cgroup.procs").write_text(str(pid))  # raises where not allowed
             changed = True
     except OSError as error:  # not permitted, gone, no /proc: the backend keeps its priority
         logger.debug("backend %s not deprioritised: %s", pid, error)
