@@ -30,7 +30,6 @@ from opsboard_agent.collectors import Collector
 from opsboard_agent.collectors.gpu import GpuCollector
 from opsboard_agent.collectors.host import HostCollector
 from opsboard_agent.collectors.scrape import ScrapeCollector
-from opsboard_agent.metrics import metrics_serve
 from opsboard_agent.records import sanitize_name
 from opsboard_agent.sender import Sender
 from opsboard_agent.shipper import Shipper
@@ -202,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(collectors, shipper, interval=args.interval)
     metrics_server = None
     if args.metrics_port:
+        from opsboard_agent.metrics import metrics_serve  # its HTTP server: only when asked
+
         try:
             metrics_server, _ = metrics_serve(
                 port=args.metrics_port,

@@ -9,8 +9,8 @@ a node exporter's port, not a public one.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from wsgiref.simple_server import WSGIServer
 from threading import Thread
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric

@@ -17,7 +17,6 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from apps.metrics.auth import scrape_refusal
 from apps.metrics.collect import exposition
@@ -25,6 +24,9 @@ from apps.metrics.collect import exposition
 logger = logging.getLogger(__name__)
 
 BROKER_TIMEOUT_S = 1.0
+# The classic text format, which every Prometheus reads (prometheus_client's "latest" is
+# 1.0.0 from 0.22 on); every name here is a classic one, so the body is the same.
+EXPOSITION_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _migrated = False  # once every migration is applied, they stay applied: not checked again
 
 
@@ -54,7 +56,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return JsonResponse(
             {"errors": [{"loc": "database", "msg": "the database is unavailable"}]}, status=503
         )
-    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(body, content_type=EXPOSITION_TYPE)
 
 
 def _database() -> str:
