@@ -54,6 +54,7 @@ _gauges: dict[str, float] = {}
 _gauges_changed = False
 _gauges_written = 0.0
 _flusher_pid: int | None = None
+_redis_down = False
 _wake = threading.Event()
 
 
@@ -126,7 +127,7 @@ def gauges_read(*, now: float | None = None) -> dict[str, float]:
 def flush() -> None:
     """Write this process's pending counts (and its gauges, when changed or due) to Redis.
     Best effort: on a Redis error the counts are kept for the next flush."""
-    global _gauges_changed, _gauges_written
+    global _gauges_changed, _gauges_written, _redis_down
     now = time.time()
     with _lock:
         counts = dict(_pending)
@@ -146,8 +147,13 @@ def flush() -> None:
         pipe.execute()
         if gauges:
             _gauges_written = now
+        if _redis_down:
+            _redis_down = False
+            logger.info("redis is back; the counters kept meanwhile are written")
     except redis.RedisError:
-        logger.warning("redis unavailable; %d counter updates wait for the next flush", len(counts))
+        if not _redis_down:  # once per outage, not once a second per process
+            _redis_down = True
+            logger.warning("redis unavailable; counter updates wait in memory until it is back")
         with _lock:
             _pending.update(counts)
             _gauges_changed = _gauges_changed or bool(gauges)
