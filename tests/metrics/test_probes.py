@@ -73,3 +73,7 @@ def test_the_live_stack_serves_the_scrape_to_its_token(live_stack):
     assert response.status_code == 200
     samples, _ = parse(response.text)
     assert ("opsboard_redis_up", ()) in samples
+    # uvicorn (ASGI) answers the probes on the pod address too
+    asgi = f"http://127.0.0.1:{live_stack.ws_port}"
+    ready = httpx.get(f"{asgi}/readyz", headers=headers, timeout=30)
+    assert ready.status_code == 200 and ready.json()["ready"] is True
