@@ -55,7 +55,7 @@ def _database(now: float) -> Iterator[Metric]:
     yield _gauge(
         "opsboard_inbox_backlog_batches", "Accepted batches not yet stored", state.inbox_backlog
     )
-    oldest = now - state.inbox_oldest.timestamp() if state.inbox_oldest else 0.0
+    oldest = state.inbox_oldest_age_s or 0.0
     yield _gauge(
         "opsboard_inbox_oldest_age_seconds",
         "Age of the oldest batch not yet stored",

@@ -23,7 +23,7 @@ from apps.commands.choices import LIVE_STATES
 @dataclass(frozen=True)
 class DeploymentState:
     inbox_backlog: int
-    inbox_oldest: datetime | None
+    inbox_oldest_age_s: float | None  # by the database's clock, which set received_at
     inbox_quarantined: int
     rolled_up_at: datetime | None
     alerts: dict[str, int]
@@ -41,7 +41,8 @@ class DetectorPassRow:
 _SCALARS = """
 SELECT
   (SELECT count(*) FROM ingest_inboxbatch WHERE processed_at IS NULL),
-  (SELECT min(received_at) FROM ingest_inboxbatch WHERE processed_at IS NULL),
+  (SELECT extract(epoch FROM clock_timestamp() - min(received_at))::float8
+     FROM ingest_inboxbatch WHERE processed_at IS NULL),
   (SELECT count(*) FROM ingest_inboxbatch WHERE quarantined_at IS NOT NULL),
   (SELECT rolled_up_at FROM history_watermark WHERE id = 1)
 """
@@ -61,7 +62,7 @@ def deployment_state() -> DeploymentState:
     """The inbox, rollup, alert, command and webhook gauges (two statements)."""
     with connection.cursor() as cursor:
         cursor.execute(_SCALARS)
-        backlog, oldest, quarantined, rolled_up_at = cursor.fetchone()
+        backlog, oldest_age_s, quarantined, rolled_up_at = cursor.fetchone()
         cursor.execute(_BY_STATE, [settings.ALERT_WEBHOOK_ATTEMPTS])
         rows = cursor.fetchall()
     groups: dict[str, dict[str, int]] = {
@@ -73,7 +74,7 @@ def deployment_state() -> DeploymentState:
         groups[group][state] = count
     return DeploymentState(
         inbox_backlog=backlog,
-        inbox_oldest=oldest,
+        inbox_oldest_age_s=oldest_age_s,
         inbox_quarantined=quarantined,
         rolled_up_at=rolled_up_at,
         alerts=groups["alert"],
