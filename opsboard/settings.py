@@ -61,10 +61,14 @@ INSTALLED_APPS = [
     "apps.access",
     "apps.audit",
     "apps.commands",
+    "apps.metrics",
 ]
 
 MIDDLEWARE = [
+    # /healthz, /readyz, /metrics: before the host check and the HTTPS redirect (pod probes)
+    "apps.metrics.middleware.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "apps.ingest.middleware.IngestCountMiddleware",
     "apps.core.middleware.RequestSanityMiddleware",
     "apps.ingest.middleware.IngestBodyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -87,7 +91,9 @@ MIDDLEWARE = [
 OPSBOARD_ROLE = env("OPSBOARD_ROLE", "")
 if OPSBOARD_ROLE == "ingest":
     MIDDLEWARE = [
+        "apps.metrics.middleware.ProbeMiddleware",
         "django.middleware.security.SecurityMiddleware",
+        "apps.ingest.middleware.IngestCountMiddleware",
         "apps.ingest.middleware.IngestOnlyMiddleware",
         "apps.core.middleware.RequestSanityMiddleware",
         "apps.ingest.middleware.IngestBodyMiddleware",
@@ -271,6 +277,19 @@ for _proxy in TRUSTED_PROXIES:
     except ValueError:
         raise ValueError(f"TRUSTED_PROXIES: {_proxy!r} is not an IP address or network") from None
 AXES_CLIENT_IP_CALLABLE = "apps.core.client_ip.client_ip"
+# Who may scrape /metrics (apps.metrics.auth, docs/operations.md): a bearer token
+# (METRICS_TOKEN, or METRICS_TOKEN_FILE), or a client address in METRICS_ALLOWED_NETS
+# (addresses or CIDRs, comma-separated; the client as apps.core.client_ip sees it). Neither
+# set: nobody may.
+METRICS_TOKEN = env("METRICS_TOKEN", "")
+METRICS_ALLOWED_NETS = envlist("METRICS_ALLOWED_NETS", "")
+for _net in METRICS_ALLOWED_NETS:
+    try:
+        ipaddress.ip_network(_net, strict=False)
+    except ValueError:
+        raise ValueError(
+            f"METRICS_ALLOWED_NETS: {_net!r} is not an IP address or network"
+        ) from None
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LANGUAGE_CODE = "en-us"

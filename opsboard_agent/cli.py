@@ -5,9 +5,10 @@ Every option has an environment variable (OPSBOARD_SERVER, OPSBOARD_TOKEN_FILE,
 OPSBOARD_NODE, OPSBOARD_SCRAPE (space- or comma-separated), OPSBOARD_SCRAPE_BUCKETS
 (space-separated), OPSBOARD_INTERVAL,
 OPSBOARD_SPOOL_DIR, OPSBOARD_SPOOL_MAX_MB, OPSBOARD_LOG_LEVEL, OPSBOARD_NO_GPU,
-OPSBOARD_SPOOL_JOURNAL); a flag wins over its variable. The token is read from a file so it
-never shows in `ps`. SIGTERM/SIGINT stop the loop; the buffer is spooled and the sender
-gets a few seconds to deliver; whatever is left stays spooled for the next start.
+OPSBOARD_SPOOL_JOURNAL, OPSBOARD_METRICS_PORT, OPSBOARD_METRICS_ADDR); a flag wins over its
+variable. The token is read from a file so it never shows in `ps`. SIGTERM/SIGINT stop the
+loop; the buffer is spooled and the sender gets a few seconds to deliver; whatever is left
+stays spooled for the next start.
 """
 
 from __future__ import annotations
@@ -131,6 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_bool("OPSBOARD_SPOOL_JOURNAL"),
         help="append every spooled batch_id to <spool-dir>/journal (auditing)",
     )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("OPSBOARD_METRICS_PORT") or 0) or None,
+        help="serve the agent's own Prometheus metrics on this port (default: none)",
+    )
+    run.add_argument(
+        "--metrics-addr",
+        default=env("OPSBOARD_METRICS_ADDR", "127.0.0.1"),
+        help="the address --metrics-port binds (default: %(default)s)",
+    )
     run.add_argument("--log-level", default=env("OPSBOARD_LOG_LEVEL", "INFO"))
     supervise.add_parser(commands)
     return parser
@@ -187,6 +199,25 @@ def main(argv: list[str] | None = None) -> int:
     sender = Sender(spool, server=args.server, token=token)
     shipper = Shipper(spool=spool, sender=sender, node=node, node_info=node_info).start()
     agent = Agent(collectors, shipper, interval=args.interval)
+    metrics_server = None
+    if args.metrics_port:
+        from opsboard_agent.metrics import metrics_serve  # its HTTP server: only when asked
+
+        try:
+            metrics_server, _ = metrics_serve(
+                port=args.metrics_port,
+                addr=args.metrics_addr,
+                spool=spool,
+                sender=sender,
+                agent=agent,
+            )
+        except OSError as exc:
+            log.error(
+                "cannot serve metrics on %s:%d: %s", args.metrics_addr, args.metrics_port, exc
+            )
+            shipper.close(drain_timeout=0.0)
+            return 2
+        log.info("metrics on http://%s:%d/metrics", args.metrics_addr, args.metrics_port)
 
     stop = threading.Event()
 
@@ -211,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         agent.run(stop)
     finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
         shipper.close(drain_timeout=5.0)
         for collector in collectors:
             collector.close()

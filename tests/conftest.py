@@ -83,6 +83,7 @@ def stack_env(**extra: str) -> dict[str, str]:
         "DEBUG": "true",
         "INGEST_SWEEP_INTERVAL": "1",
         "INGEST_SWEEP_AGE": "2",
+        "METRICS_TOKEN": "test-scrape-token",  # tests/metrics/scrape.py
         **extra,
     }
 

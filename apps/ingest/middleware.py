@@ -9,11 +9,34 @@ import zlib
 
 from django.conf import settings
 
+from apps.core.counters import counter_add
 from apps.core.errors import error_response
 
 INGEST_PATH = "/api/v1/ingest"
-# What the ingest pool serves (settings: OPSBOARD_ROLE=ingest)
+# What the ingest pool serves (settings: OPSBOARD_ROLE=ingest); /readyz and /metrics are
+# answered before this check, by apps.metrics.middleware.ProbeMiddleware
 INGEST_POOL_PATHS = frozenset({INGEST_PATH, "/healthz"})
+# opsboard_ingest_batches_total{outcome, status} (apps.metrics): every answer to a POST
+INGEST_BATCHES = "opsboard_ingest_batches_total"
+OUTCOMES = {202: "accepted", 200: "duplicate"}
+
+
+class IngestCountMiddleware:
+    """Counts every answer to POST /api/v1/ingest by outcome and status: accepted (202),
+    duplicate (200), refused (anything else, from any middleware or view after this one:
+    400 bad body, 401 token, 403 node, 413 size, 415 encoding, 429 rate, 503 database).
+    In memory, flushed to Redis by a thread (apps.core.counters): no round trip here."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if request.method == "POST" and request.path_info == INGEST_PATH:
+            status = response.status_code
+            outcome = OUTCOMES.get(status, "refused")
+            counter_add(INGEST_BATCHES, {"outcome": outcome, "status": str(status)})
+        return response
 
 
 class IngestOnlyMiddleware:

@@ -27,10 +27,13 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from apps.access.selectors import clusters_visible
+from apps.core.counters import gauge_add
 from apps.core.redis import redis_client
 from apps.live.groups import cluster_group, cluster_seq_key, session_group, user_group
 from apps.live.selectors import node_health_list, session_user
 
+# opsboard_websocket_clients (apps.metrics): accepted sockets, summed over the ASGI processes
+WS_CLIENTS = "opsboard_websocket_clients"
 CLOSE_UNAUTHENTICATED = 4401  # no login, or it ended: logout, expiry, deactivation, password
 CLOSE_FORBIDDEN = 4403  # the user's role that showed this cluster was removed
 CLOSE_NOT_FOUND = 4404  # no such cluster, or one the user holds no role in
@@ -42,6 +45,7 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
     closed = False
     watcher: asyncio.Task | None = None
     cluster_id: int | None = None
+    counted = False
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -69,11 +73,16 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
         self.joined.append(cluster_group(cluster_id))
         await self.channel_layer.group_add(self.joined[-1], self.channel_name)
         await self.accept()
+        self.counted = True
+        gauge_add(WS_CLIENTS, 1)
         self.watcher = asyncio.create_task(self.watch_session())
         await self.send_snapshot()
 
     async def disconnect(self, code: int) -> None:
         self.closed = True
+        if self.counted:
+            self.counted = False
+            gauge_add(WS_CLIENTS, -1)
         if self.watcher is not None and self.watcher is not asyncio.current_task():
             self.watcher.cancel()
         await self.leave_groups()

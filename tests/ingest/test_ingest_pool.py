@@ -74,3 +74,9 @@ def test_it_serves_nothing_but_the_ingest_endpoint_and_healthz(ingest_pool):
         assert response.status_code == 404, (path, response.status_code)
         assert response.json()["errors"][0]["loc"] == "path"
     assert client.get("/healthz").text == "ok"
+    # the probes and the scrape answer on every pool (apps.metrics.middleware), on its address
+    pod = {"Host": "10.1.2.3:8002"}
+    assert client.get("/readyz", headers=pod).json()["ready"] is True
+    assert client.get("/metrics", headers=pod).status_code == 401  # the scrape token, not theirs
+    scrape = {**pod, "Authorization": "Bearer test-scrape-token"}  # tests/conftest.stack_env
+    assert "opsboard_inbox_backlog_batches" in client.get("/metrics", headers=scrape).text

@@ -24,6 +24,7 @@ from apps.core.tasks import queue_length, task_enqueue
 from apps.history.services import runs_mark_dirty, series_mark_dirty
 from apps.ingest.models import decode_payload
 from apps.ingest.services.backpressure import drain_heartbeat
+from apps.ingest.services.latency import batches_latency_observe
 from apps.ingest.services.stored import StoredBatch, stored_batch_decode, stored_batch_from
 from apps.live.services import live_mark_dirty
 from apps.runs.services import RunSeen, events_store, runs_touch, steps_store
@@ -198,6 +199,7 @@ def inbox_drain(*, first_id: int | None, limit: int) -> DrainResult:
         stored.batches, stored.claimed = len(stored_ids), len(rows)
         transaction.on_commit(lambda: live_mark_dirty(nodes=stored.nodes))
         transaction.on_commit(drain_heartbeat)
+        transaction.on_commit(lambda: batches_latency_observe(received=[r[2] for r in rows]))
     return stored
 
 
