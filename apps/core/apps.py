@@ -1,3 +1,5 @@
+import logging
+
 from django.apps import AppConfig
 
 
@@ -9,7 +11,8 @@ class CoreConfig(AppConfig):
         from django.conf import settings
         from django.db.backends.signals import connection_created
 
-        from apps.core.db_nice import backend_nice_follow
+        from apps.core.db_nice import DroppedOnPurpose, backend_nice_follow
 
         if settings.DB_BACKEND_NICE:
             connection_created.connect(backend_nice_follow, dispatch_uid="backend_nice_follow")
+        logging.getLogger("psycopg.pool").addFilter(DroppedOnPurpose())

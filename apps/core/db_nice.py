@@ -32,6 +32,7 @@ import logging
 import os
 import socket
 import struct
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +42,19 @@ from django.conf import settings
 from django.db import connection as default_connection
 
 logger = logging.getLogger(__name__)
+# Connections background_db closed on purpose: the pool discards them when they come back,
+# with a warning meant for connections that died (DroppedOnPurpose keeps it for those).
+_dropped: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class DroppedOnPurpose(logging.Filter):
+    """Silences psycopg_pool's "discarding closed connection" for the connections dropped
+    here on purpose; a connection that broke by itself is still reported."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        discarded = record.msg == "discarding closed connection: %s" and record.args
+        return not (discarded and isinstance(record.args, tuple) and record.args[0] in _dropped)
+
 
 _MAX_REMEMBERED = 1000
 _tried: set[int] = set()  # backend pids this process has already handled
@@ -114,6 +128,7 @@ def background_db() -> Iterator[None]:
     finally:
         if reniced:
             raw.close()  # the pool discards a closed connection when it is handed back
+            _dropped.add(raw)
             default_connection.close()
 
 
