@@ -7,6 +7,10 @@ says more (SDC), carries the right evidence. Alerts that follow from the fault w
 naming it wrongly (a hot GPU also makes its rank a straggler; a lost node hangs its run)
 are *consequences*. Every other alert is a false alarm, and so is any alert opened before
 the first fault began.
+
+A `resume` (a job that crashed and started again from its checkpoint) is no fault to alert
+on: it is found when the server counted the restart and booked the lost steps as recovery
+(`RunRecord`), and any alert about it (a `hang` while the run progresses) is a false alarm.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ SUBJECT_FIELDS = ("run", "node", "rank", "gpu")
 # Stored times are rounded to the microsecond: an alert opened at the very instant a fault
 # began may read as a hair earlier.
 CLOCK_SLACK_S = 1e-3
+# A resume is booked when the recovery seconds reach this share of its lost steps' wall
+# time (the server takes medians over ranks; the simulator knows rank 0's times).
+RECOVERY_BOOKED_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,16 @@ class AlertRecord:
     rank: int | None = None
     gpu: int | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the server made of a run once its scenario was played: the restarts it counted
+    and the recovery seconds its goodput booked."""
+
+    run: str
+    restarts: int
+    recovery_s: float
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,8 @@ EXPECTED: dict[str, Expectation] = {
     "hang": Expectation(("hang",), "run", defined_wait="120 s without a step"),
     "nfs-drop": Expectation(("checkpoint_upload",), "run", ("checkpoint_stale",)),
     "fabric": Expectation(("fabric",), "run", defined_wait="20 steps"),
+    # no alert finds it: the run's restart count and goodput do (see _resume_booked)
+    "resume": Expectation((), "run", defined_wait="none: no alert, a restart"),
 }
 
 
@@ -125,8 +144,24 @@ def _finders(fault: Mapping[str, Any], alerts: Sequence[AlertRecord]) -> list[in
     ]
 
 
-def score_scenario(scenario: Mapping[str, Any], alerts: Iterable[AlertRecord]) -> ScenarioScore:
-    """Score one replayed scenario's alerts against its injected faults."""
+def _resume_booked(fault: Mapping[str, Any], runs: Mapping[str, RunRecord]) -> bool:
+    """The server counted the resume's restart and booked its lost steps as recovery."""
+    record = runs.get(fault["subject"].get("run", ""))
+    return (
+        record is not None
+        and record.restarts >= 1
+        and record.recovery_s >= RECOVERY_BOOKED_SHARE * float(fault.get("lost_s", 0.0))
+    )
+
+
+def score_scenario(
+    scenario: Mapping[str, Any],
+    alerts: Iterable[AlertRecord],
+    runs: Iterable[RunRecord] = (),
+) -> ScenarioScore:
+    """Score one replayed scenario's alerts (and, for a `resume`, its `runs`) against its
+    injected faults."""
+    by_run = {record.run: record for record in runs}
     alerts = sorted(alerts, key=lambda alert: alert.opened_at)
     faults = scenario.get("faults", [])
     first_fault = min((f["start_ts"] for f in faults), default=float("inf"))
@@ -149,6 +184,10 @@ def score_scenario(scenario: Mapping[str, Any], alerts: Iterable[AlertRecord]) -
             if a.kind in expect.consequences and names_subject(a, fault["subject"], "run")
         )
         first = alerts[found[0]] if found else None
+        if fault["fault"] == "resume":
+            booked = _resume_booked(fault, by_run)
+            scores.append(FaultScore("resume", fault_label(fault), booked, booked, None))
+            continue
         scores.append(
             FaultScore(
                 fault=fault["fault"],

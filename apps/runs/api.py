@@ -27,8 +27,11 @@ class GoodputOut(Schema):
     wall_s: float
     productive_s: float
     goodput: float
-    badput_s: dict[str, float]
-    badput: dict[str, float]
+    badput_s: dict[str, float] = Field(
+        description="seconds of data, checkpoint, recovery (a restart to the next step, and "
+        "the steps it threw away: those past the checkpoint it resumed from), hang and idle"
+    )
+    badput: dict[str, float] = Field(description="badput_s as shares of wall_s")
 
 
 class RunOut(Schema):

@@ -107,13 +107,16 @@ def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
     """The run's goodput (detectors.goodput) as plain JSON, over the detectors' window of it
     (its last ALERT_STEP_WINDOW steps and recent events): since the run started when the
     window reaches back that far, else since the window's first step (or its event horizon,
-    whichever is later). None before any step. Two queries: the per-step medians over the
+    whichever is later). None before any step. A restart (a `restart` event, or the step
+    counter going back: Run.timeline_after) books the steps it threw away as recovery; the
+    old timeline's reports are read for that. Two queries: the per-step medians over the
     ranks are computed by Postgres (a 256-rank window is 30 k reports)."""
     if run.last_step is None:
         return None
     recent = run_events_recent([run], now, until=None).get(run.id, [])
     events = [event_row(event, {}) for event in recent]
-    restarts = restarts_of(events)
+    # the restart events, and the one inferred from the step counter going back
+    restarts = restarts_of(events, to_seconds(run.timeline_after))
     with connection.cursor() as cursor:
         cursor.execute(
             _COMPLETIONS_SQL,
@@ -127,7 +130,7 @@ def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
         rows = cursor.fetchall()
     if not rows:
         return None
-    done = completions_marked(Completion(*row[:4]) for row in rows)
+    done = completions_marked(Completion(*row[:4], epoch=row[5]) for row in rows)
     end = now if run.state == RunState.RUNNING else (to_seconds(run.last_step_at) or now)
     event_start = now - settings.ALERT_EVENT_WINDOW_S
     whole = (run.first_step or 0) > run.last_step - settings.ALERT_STEP_WINDOW and (
@@ -136,7 +139,7 @@ def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
     first = min(row[4] for row in rows)
     since = None if whole else max(first, event_start)
     return goodput_of(
-        done, events, end, since=since, started_at=to_seconds(run.created_at)
+        done, events, end, since=since, started_at=to_seconds(run.created_at), restarts=restarts
     ).to_dict()
 
 
@@ -148,7 +151,7 @@ def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
 # at once (which spilled to disk). The outer ORDER BY (on 120 rows; inside, it would bring
 # the big sort back) keeps the order of the former (epoch, step) grouping.
 _COMPLETIONS_SQL = """
-SELECT step, e, step_time, data, first_start FROM (
+SELECT step, e, step_time, data, first_start, epoch FROM (
     SELECT epoch, step, percentile_cont(0.5) WITHIN GROUP (ORDER BY e) AS e,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY step_time) AS step_time,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY data) AS data,

@@ -5,6 +5,11 @@
     oom-creep:rank=2,at=30,ramp=60        thermal:node=0,gpu=1,at=20,temp=92,ramp=60
     xid:node=1,gpu=0,at=45,code=79        node-loss:node=3,at=90
     nfs-drop:run=0,at=0,stall=60          fabric:run=0,at=30,factor=3,ramp=60
+    resume:run=0,at=160,down=30,event=1
+
+`resume`: the job crashes at `at` and is started again `down` seconds later from its newest
+completed local checkpoint, so its step counter goes back; `event=1` sends the `restart`
+event that `opsboard-agent supervise` sends, `event=0` leaves the server to infer it.
 
 Subjects: `run` is a run's index or name (default: the first run, or the run of the named
 node), `node` a node's index or name, `rank` a rank of the run, `gpu` a local GPU index.
@@ -34,6 +39,7 @@ SUBJECT = {
     "hang": "run",
     "nfs-drop": "run",
     "fabric": "run",
+    "resume": "run",
 }
 
 # Parameters and their defaults; a default's type is the parameter's type.
@@ -48,6 +54,7 @@ DEFAULTS: dict[str, dict[str, float | int | str]] = {
     "hang": {},
     "nfs-drop": {"stall": 60.0},
     "fabric": {"factor": 3.0, "ramp": 60.0},
+    "resume": {"down": 30.0, "event": 1},
 }
 SDC_MODES = ("canary", "param")
 SUBJECT_KEYS = ("run", "node", "rank", "gpu")
@@ -115,9 +122,11 @@ def _params(spec: str, kind: str, raw: Mapping[str, str]) -> dict[str, float | i
                 params[key] = raw[key]
             else:
                 params[key] = _number(spec, key, raw[key], type(default))
-    for key in ("factor", "ramp", "stall", "magnitude"):
+    for key in ("factor", "ramp", "stall", "magnitude", "down"):
         if key in params and not float(params[key]) > 0:
             raise ValueError(f"{spec!r}: {key} must be > 0")
+    if kind == "resume" and params["event"] not in (0, 1):
+        raise ValueError(f"{spec!r}: event must be 0 or 1")
     if kind == "sdc" and params["mode"] not in SDC_MODES:
         raise ValueError(f"{spec!r}: mode must be one of {', '.join(SDC_MODES)}")
     return params

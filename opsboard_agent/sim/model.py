@@ -18,7 +18,11 @@ step gets a 2-5x compute spike on one rank, and telemetry jitters (`noise.Noise`
 Faults change the data as `faults` documents; the run-level consequences are modelled too:
 a run stops stepping at the earliest of its `hang`, the loss of one of its nodes (the other
 ranks block in a collective: telemetry goes on) and an OOM (the job crashes: its GPUs go
-idle). A lost node sends nothing from then on.
+idle). A lost node sends nothing from then on. A `resume` crashes the job (the step in
+flight never ends, its GPUs idle for `down` seconds) and starts it again from its newest
+completed local checkpoint: its step counter goes back (`Resume`).
+
+Events are scheduled in `events`, a step's checksums and loss come from `checks`.
 """
 
 from __future__ import annotations
@@ -29,19 +33,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opsboard_agent.sim.checks import step_checks, step_loss
+from opsboard_agent.sim.events import EventSchedule, SimEvent
 from opsboard_agent.sim.faults import Fault
 from opsboard_agent.sim.layout import Layout, RankSlot
-from opsboard_agent.sim.noise import Noise, hexdigest, jitter, lognormal
+from opsboard_agent.sim.noise import Noise, jitter, lognormal
+
+__all__ = ["ClusterModel", "Resume", "SimConfig", "SimEvent", "SimSample", "SimStep", "Tick"]
 
 # The nominal split of a step, as fractions of --step-time (compute-bound, ~4 % stalls).
 DATA_SHARE, H2D_SHARE, COMPUTE_SHARE, COMM_SHARE = 0.03, 0.01, 0.80, 0.14
 MAX_SM_CLOCK_MHZ = 1980.0
 THROTTLE_TEMP_C = 85.0
 NORMAL_TEMP_C = 63.0  # a busy, well-cooled GPU
-LOCAL_CKPT_S, DURABLE_CKPT_S = 4.0, 20.0
-CKPT_BYTES_PER_RANK = 2_000_000_000
-CANARY_PROJECTIONS = 4
-CANARY_JITTER = 1e-7  # healthy GPUs agree to ~1e-7 relative (reduction order)
 
 
 @dataclass(frozen=True)
@@ -83,15 +87,22 @@ class SimStep:
 
 
 @dataclass(frozen=True)
-class SimEvent:
-    """A contract event (`fields` without `ts`); `rank` is the rank that reports a run
-    event, None for a node event (reported by the node agent)."""
+class Resume:
+    """A `resume` fault as it plays out: the job crashes at `at` during `crash_step` (in
+    flight, never finished) and starts again at `restart_t` from the checkpoint at
+    `checkpoint_step` (None: none was saved, it starts over), so its next step is
+    `resume_step`. The old timeline's steps from `resume_step` on, which ended between
+    `lost_from` and `lost_to`, were thrown away."""
 
-    t: float
-    node: str
-    run: str | None
-    rank: int | None
-    fields: Mapping[str, Any]
+    run: str
+    at: float
+    restart_t: float
+    crash_step: int
+    checkpoint_step: int | None
+    resume_step: int
+    lost_from: float
+    lost_to: float
+    event: bool  # a `restart` event is sent, as `opsboard-agent supervise` does
 
 
 @dataclass
@@ -108,7 +119,7 @@ class _Cursor:
     stopped: bool = False
 
 
-class ClusterModel:
+class ClusterModel(EventSchedule):
     """Generates the cluster's records in simulated-time order; see the module docstring."""
 
     def __init__(self, layout: Layout, faults: Sequence[Fault], config: SimConfig) -> None:
@@ -131,6 +142,11 @@ class ClusterModel:
                 self._schedule_oom(fault)
         for fault in self.of_kind("xid"):
             self._schedule(self._xid_event(fault), (fault.gpu, fault.param("code")))
+        self.resumes = {run.name: self._resumes(run.name) for run in layout.runs}
+        for resumes in self.resumes.values():
+            for count, resume in enumerate(resumes, start=1):
+                if resume.event:
+                    self._schedule_restart(resume.run, resume.restart_t, count)
 
     # -- fault lookups (pure) ------------------------------------------------------------
 
@@ -158,9 +174,49 @@ class ClusterModel:
         ]
         return min(candidates)
 
+    def _resumes(self, run: str) -> list[Resume]:
+        """How the run's `resume` faults play out (in time order): the run is stepped
+        ahead, as `_steps` will, to find the step each crash hits and the checkpoint it
+        resumes from."""
+        faults = sorted((f for f in self.of_kind("resume") if f.run == run), key=lambda f: f.at)
+        out: list[Resume] = []
+        step, t = 0, 0.0
+        saved: list[tuple[float, int, float]] = []  # (completed at, step, the step's end)
+        ends: dict[int, float] = {}
+        for fault in faults:
+            if fault.at < t:
+                continue  # it struck while the job was down: the same crash
+            while (end := self._step(run, step, t, with_reports=False)[1]) <= fault.at:
+                ends[step] = end
+                if step > 0 and step % self.config.checkpoint_every == 0:
+                    saved.append((end + self.local_save_s(run, step), step, end))
+                step, t = step + 1, end
+            done = [(s, e) for completed, s, e in saved if completed <= fault.at]
+            checkpoint, since = max(done) if done else (None, 0.0)
+            resume_step = 0 if checkpoint is None else checkpoint + 1
+            restart_t = fault.at + fault.param("down")
+            out.append(
+                Resume(
+                    run,
+                    fault.at,
+                    restart_t,
+                    step,
+                    checkpoint,
+                    resume_step,
+                    since,
+                    ends.get(step - 1, since),
+                    bool(fault.param("event")),
+                )
+            )
+            saved = [item for item in saved if item[1] < resume_step]
+            step, t = resume_step, restart_t
+        return out
+
     def run_state(self, run: str, t: float) -> str:
         """`training`, `hung` (blocked, GPUs spin in NCCL kernels) or `crashed` (idle)."""
         halt_t, reason = self.halt[run]
+        if any(r.at <= t < r.restart_t for r in self.resumes.get(run, ())):
+            return "crashed"  # down between a crash and its resume
         if t < halt_t or (t == halt_t and reason == "oom"):
             return "training"
         return "crashed" if reason == "oom" else "hung"
@@ -275,6 +331,12 @@ class ClusterModel:
         halt_t = self.halt[run][0]
         while not cursor.stopped:
             reports, end = self._step(run, cursor.step, cursor.t)
+            crash = next((r for r in self.resumes[run] if cursor.t <= r.at < end), None)
+            if crash is not None:  # the step in flight never ends; the job starts again
+                if crash.restart_t > until:
+                    return
+                cursor.step, cursor.t = crash.resume_step, crash.restart_t
+                continue
             if end > halt_t:
                 cursor.stopped = True  # the step in flight never ends
                 return
@@ -285,12 +347,17 @@ class ClusterModel:
                 self._schedule_checkpoint(run, cursor.step, end)
             cursor.step, cursor.t = cursor.step + 1, end
 
-    def _step(self, run: str, step: int, start: float) -> tuple[list[SimStep], float]:
-        """Every rank's report of `step`, which starts at `start`; and its end time."""
+    def _step(
+        self, run: str, step: int, start: float, with_reports: bool = True
+    ) -> tuple[list[SimStep], float]:
+        """Every rank's report of `step`, which starts at `start` (none without
+        `with_reports`); and its end time."""
         slots = self.layout.run(run).ranks
         ready = {s.rank: self.phases(s, start, step) for s in slots}
         step_time = max(map(sum, ready.values())) + self.comm(run, start, step)
         end = start + step_time
+        if not with_reports:
+            return [], end
         checked = step % self.config.check_every == 0
         reports = []
         for slot in slots:
@@ -308,104 +375,11 @@ class ClusterModel:
                 "compute_time": compute,
                 "comm_wait": own - (data + h2d + compute),
                 "tokens": self.config.tokens_per_step,
-                "loss": self._loss(run, slot.rank, step),
+                "loss": step_loss(self.seed, run, slot.rank, step),
                 "shard": slot.shard,
             }
             if checked:
-                fields.update(self._checks(slot, step, start))
+                sdc = self.active("sdc", start, run=run, rank=slot.rank)
+                fields.update(step_checks(self.seed, slot, step, sdc))
             reports.append(SimStep(end, run, slot.node, slot.rank, fields))
         return reports, end
-
-    def _loss(self, run: str, rank: int, step: int) -> float:
-        floor = 1.9 + 0.2 * (jitter(self.seed, "floor", run) + 1) / 2
-        decayed = floor + (10.4 - floor) * math.exp(-step / 400.0)
-        return decayed * (1.0 + 0.02 * jitter(self.seed, "loss", run, rank, step))
-
-    def _checks(self, slot: RankSlot, step: int, t: float) -> dict[str, Any]:
-        """Checksums (identical across replicas of a shard) and the canary (equal to
-        ~1e-7 relative), with the `sdc` faults applied."""
-        run, shard, rank = slot.run, slot.shard, slot.rank
-        param = hexdigest(self.seed, "param", run, shard, step)
-        if any(f.params["mode"] == "param" for f in self.active("sdc", t, run=run, rank=rank)):
-            param = hexdigest(self.seed, "param-flipped", run, rank, step)
-        norm = 3.0 * (1.0 + 0.2 * jitter(self.seed, "norm", run, shard, step))
-        proj = [
-            2.0 * jitter(self.seed, "proj", run, shard, step, i) for i in range(CANARY_PROJECTIONS)
-        ]
-        norm *= 1.0 + CANARY_JITTER * jitter(self.seed, "cn", run, rank, step)
-        proj = [
-            p * (1.0 + CANARY_JITTER * jitter(self.seed, "cp", run, rank, step, i))
-            for i, p in enumerate(proj)
-        ]
-        for fault in self.active("sdc", t, run=run, rank=rank):
-            if fault.params["mode"] == "canary":
-                magnitude = fault.param("magnitude")
-                norm *= 1.0 + magnitude
-                proj = [
-                    p + magnitude * norm * (1.0 + jitter(self.seed, "sdc", run, rank, step, i))
-                    for i, p in enumerate(proj)
-                ]
-        return {
-            "grad_checksum": hexdigest(self.seed, "grad", run, shard, step),
-            "param_checksum": param,
-            "canary": {"norm": norm, "proj": proj},
-        }
-
-    # -- events --------------------------------------------------------------------------
-
-    def _schedule(self, event: SimEvent, key: tuple[Any, ...]) -> None:
-        order = (event.t, event.node, event.run or "", event.fields["kind"], *key)
-        self._seq += 1  # only breaks ties between otherwise identical keys
-        heapq.heappush(self._events, ((*order, self._seq), event))
-
-    def _schedule_checkpoint(self, run: str, step: int, t: float) -> None:
-        """Local save, then the upload to durable storage (which `nfs-drop` stalls)."""
-        layout = self.layout.run(run)
-        reporter = layout.ranks[0]
-        size = CKPT_BYTES_PER_RANK * layout.world_size
-        local = LOCAL_CKPT_S * (1 + 0.2 * jitter(self.seed, "ckpt-local", run, step))
-        durable = DURABLE_CKPT_S * (1 + 0.2 * jitter(self.seed, "ckpt-durable", run, step))
-        uploaded = t + local
-        self._writing[run].append((t, uploaded))
-        drops = self.active("nfs-drop", uploaded, run=run)
-        phases: list[tuple[float, str, str, dict[str, Any]]] = [
-            (t, "local", "started", {}),
-            (uploaded, "local", "completed", {"bytes": size, "duration": local}),
-            (uploaded, "durable", "started", {}),
-        ]
-        if drops:
-            stall = drops[0].param("stall")
-            phases.append((uploaded + stall, "durable", "failed", {"duration": stall}))
-        else:
-            phases.append(
-                (uploaded + durable, "durable", "completed", {"bytes": size, "duration": durable})
-            )
-        for order, (when, tier, state, extra) in enumerate(phases):
-            root = "/local/ckpt" if tier == "local" else "/nfs/ckpt"
-            fields = {
-                "kind": "checkpoint",
-                "step": step,
-                "tier": tier,
-                "state": state,
-                "path": f"{root}/{run}/step-{step}",
-                "rank": reporter.rank,
-                **extra,
-            }
-            self._schedule(SimEvent(when, reporter.node, run, reporter.rank, fields), (step, order))
-
-    def _schedule_oom(self, fault: Fault) -> None:
-        assert fault.run is not None and fault.node is not None and fault.rank is not None
-        message = (
-            f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU {fault.gpu} has a total "
-            f"capacity of 80.00 GiB of which 0 bytes is free. (rank {fault.rank} on {fault.node})"
-        )
-        fields = {"kind": "oom", "rank": fault.rank, "message": message}
-        when = fault.at + fault.param("ramp")
-        self._schedule(SimEvent(when, fault.node, fault.run, fault.rank, fields), (fault.rank,))
-
-    def _xid_event(self, fault: Fault) -> SimEvent:
-        assert fault.node is not None
-        code = int(fault.param("code"))
-        message = f"NVRM: Xid (PCI:0000:{0x18 + 16 * (fault.gpu or 0):02x}:00): {code}"
-        fields = {"kind": "xid", "gpu": fault.gpu, "code": code, "message": message}
-        return SimEvent(fault.at, fault.node, None, None, fields)

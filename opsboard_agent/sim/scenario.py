@@ -38,6 +38,17 @@ def scenario_build(
             "at": fault.at,
             "params": dict(fault.params),
         }
+        resume = next((r for r in model.resumes.get(fault.run or "", ()) if r.at == fault.at), None)
+        if fault.kind == "resume" and resume is not None:
+            # what the server should make of it: a restart, and the lost steps' wall time
+            # (the old timeline's steps from the resumed step on) booked as recovery
+            entry.update(
+                restart_ts=base_ts + resume.restart_t,
+                crash_step=resume.crash_step,
+                checkpoint_step=resume.checkpoint_step,
+                resume_step=resume.resume_step,
+                lost_s=round(resume.lost_to - resume.lost_from, 3),
+            )
         if fault.kind == "oom-creep":
             oom_at = fault.at + fault.param("ramp")
             if model.halt[fault.run or ""] == (oom_at, "oom") and oom_at <= duration:

@@ -25,15 +25,16 @@ def test_a_healthy_run_loses_only_its_input_wait():
     assert set(g.fractions) == set(BUCKETS)
 
 
-def test_a_restart_counts_recovery_and_redone_steps_as_wasted():
+def test_a_restart_counts_recovery_and_the_steps_it_lost_as_recovery():
     before = steps(count=50)  # steps 0..49, ends at T0 + 50
     # crash at +50, restart event at +60, resumes from the step-40 checkpoint at +90
     after = steps(count=30, first=40, start=T0 + 90)
     restart = EventRow(T0 + 60, "restart", "n0", run="r")
     g = goodput(run(before + after, [restart]), last_ts(after))
-    assert g.badput["recovery"] == pytest.approx(30.0)  # restart → next step
+    # restart → next step (30 s), and steps 40..49, done and lost, to be done again (10 s)
+    assert g.badput["recovery"] == pytest.approx(40.0)
     assert g.badput["idle"] == pytest.approx(10.0)  # crash → restart
-    assert g.badput["wasted"] == pytest.approx(10.0)  # steps 40..49 done twice
+    assert g.productive == pytest.approx(70 * 0.96)  # steps 0..39 and 40..69 once each
     assert g.wall == pytest.approx(120.0)
     assert sum(g.badput.values()) + g.productive == pytest.approx(g.wall)
 

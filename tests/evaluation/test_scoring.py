@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from detectors.evaluation import (
     AlertRecord,
+    RunRecord,
     format_sensitivity,
     format_table,
     score_scenario,
@@ -146,3 +147,31 @@ def test_the_sensitivity_table_shows_each_strength_found_or_not_per_noise_level(
         "| 1.5x straggler | 1/1 | 25 s | 25 s | 1/1 | 40 s | 40 s |",
         "| 2x straggler | 1/1 | 20 s | 20 s | 1/1 | 25 s | 25 s |",
     ]
+
+
+RESUME = {
+    "fault": "resume",
+    "subject": {"run": "r"},
+    "start_ts": BASE + 160,
+    "params": {"down": 30.0, "event": 0},
+    "lost_s": 58.0,
+}
+
+
+def test_a_resume_is_found_by_the_restart_count_and_the_recovery_booked_not_by_an_alert():
+    booked = RunRecord("r", restarts=1, recovery_s=90.0)
+    score = score_scenario(scenario(RESUME), [], [booked])
+    (fault,) = score.faults
+    assert fault.found and fault.culprit_right and fault.time_to_detect is None
+    # the restart not counted, or the lost steps not booked as recovery: not found
+    for record in (RunRecord("r", 0, 90.0), RunRecord("r", 1, 0.9 * 58.0 - 0.1)):
+        assert not score_scenario(scenario(RESUME), [], [record]).faults[0].found
+    assert not score_scenario(scenario(RESUME), []).faults[0].found
+
+
+def test_a_hang_of_a_resumed_run_is_a_false_alarm():
+    hang = alert("hang", 300, run="r")
+    score = score_scenario(scenario(RESUME), [hang], [RunRecord("r", 1, 90.0)])
+    assert score.faults[0].found and score.false_alarms == (hang,)
+    (row,) = summarize([score])
+    assert (row.label, row.found, row.false_alarms, row.ttd_median) == ("resume", 1, 1, None)

@@ -141,6 +141,31 @@ def test_a_hang_stops_the_steps_but_not_the_telemetry():
     assert util and min(util) == 100.0  # NCCL kernels spin
 
 
+@pytest.mark.parametrize("event", [1, 0])
+def test_a_resume_crashes_then_steps_again_from_the_last_checkpoint(event):
+    # checkpoints every 20 steps (model_build): the one at step 40 is saved by t = 50
+    model = model_build(f"resume:at=50,down=10,event={event}")
+    tick = model.advance(120)
+    (resume,) = model.resumes["sim-run-0"]
+    assert (resume.checkpoint_step, resume.resume_step, resume.restart_t) == (40, 41, 60.0)
+    rank0 = [(s.t, s.fields["step"]) for s in tick.steps if s.rank == 0]
+    before = [step for t, step in rank0 if t < 50]
+    after = [step for t, step in rank0 if t > 60]
+    assert before == list(range(before[-1] + 1)) and before[-1] == resume.crash_step - 1
+    assert after[0] == 41 and after == list(range(41, 41 + len(after)))  # it went back
+    assert not [t for t, _ in rank0 if 50 <= t <= 60]  # down: nothing ends
+    assert resume.lost_from == next(t for t, step in rank0 if step == 40)
+    assert resume.lost_to == next(t for t, step in rank0 if step == resume.crash_step - 1)
+    util = [v for t, v in series(tick.samples, N0, "gpu.util", 0) if 50 < t < 60]
+    assert util and max(util) < 10.0  # the crashed job's GPUs idle
+    restarts = [e for e in tick.events if e.fields["kind"] == "restart"]
+    assert [(e.t, e.run, e.rank) for e in restarts] == ([(60.0, "sim-run-0", 0)] if event else [])
+    # the same however time is sliced (the crash is met mid-advance)
+    sliced = model_build(f"resume:at=50,down=10,event={event}")
+    steps = [s for t in range(1, 25) for s in sliced.advance(t * 5.0).steps]
+    assert steps == tick.steps
+
+
 def test_oom_creep_fills_the_gpu_then_reports_an_oom_and_the_run_stops():
     tick = play("oom-creep:rank=2,at=20,ramp=60")
     mem = series(tick.samples, N1, "gpu.mem_used_bytes", 0)
@@ -238,6 +263,8 @@ def test_a_fabric_fault_stretches_every_ranks_comm_wait_but_not_compute():
         ("hang:run=3", "no run"),
         ("node-loss:at=3", "name the node"),
         ("straggler:rank", "is not key=value"),
+        ("resume:down=0", "down must be > 0"),
+        ("resume:event=2", "event must be 0 or 1"),
     ],
 )
 def test_it_rejects_bad_fault_specs(spec, error):

@@ -37,6 +37,7 @@ from apps.evaluation.services.stack import (
     EvaluationStack,
     alert_records,
     cluster_prepare,
+    run_records,
     scenario_replay,
     wait_for_drain,
 )
@@ -136,7 +137,8 @@ def _replay_all(
         started = time.monotonic()
         step_s = DDP_STEP_S if spec.group == "ddp" else spec.step_s
         evaluations = scenario_replay(cluster=cluster, scenario=scenario, step_s=step_s)
-        score = score_scenario(scenario, alert_records(cluster=cluster))
+        runs = run_records(cluster=cluster, now=scenario["end_ts"])
+        score = score_scenario(scenario, alert_records(cluster=cluster), runs)
         replay_s = time.monotonic() - started
         results.append(ScenarioResult(spec, cluster.name, scenario, score, evaluations, replay_s))
         log(f"replayed {spec.name}: {evaluations} evaluations in {replay_s:.1f} s")

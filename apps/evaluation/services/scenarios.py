@@ -47,6 +47,11 @@ FAULTS: dict[str, tuple[Callable[[int], str], float]] = {
     "nfs-drop": (lambda s: f"nfs-drop:at={10 * s},stall={40 + 10 * s}", 400),
     "fabric": (lambda s: f"fabric:at={50 + 10 * s},factor=3,ramp=30", 360),
     "oom-creep": (lambda s: f"oom-creep:rank={(11 * s + 3) % 16},at={50 + 10 * s},ramp=120", 300),
+    # Crashes 35-70 steps past the step-100 checkpoint, down 30 s, then ~100 steps of the
+    # new timeline: past the 120 s after the crash a hang would take, and the lost steps
+    # still in the goodput's window (the run's last 120 steps). Odd seeds send supervise's
+    # `restart` event, even ones leave the server to infer it from the steps going back.
+    "resume": (lambda s: f"resume:at={150 + 10 * s},down=30,event={s % 2}", 330),
 }
 
 

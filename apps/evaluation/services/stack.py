@@ -20,7 +20,9 @@ from apps.alerts.services import alerts_evaluate
 from apps.clusters.models import Cluster
 from apps.clusters.services import token_issue
 from apps.ingest.models import InboxBatch
-from detectors.evaluation import AlertRecord
+from apps.runs.models import Run
+from apps.runs.selectors import run_goodput
+from detectors.evaluation import AlertRecord, RunRecord
 from launcher.commands import server_commands
 from launcher.procs import ROOT, children_stop, free_port, wait_for_http
 from launcher.stack import service_env
@@ -52,6 +54,17 @@ def alert_records(*, cluster: Cluster) -> list[AlertRecord]:
         )
         for alert in alerts.order_by("opened_at", "id")
     ]
+
+
+def run_records(*, cluster: Cluster, now: float) -> list[RunRecord]:
+    """Each run's restarts and the recovery seconds of its goodput as of `now` (the
+    scenario's end): the run summary's own figures."""
+    records = []
+    for run in Run.objects.filter(cluster=cluster).order_by("name"):
+        goodput = run_goodput(run=run, now=now) or {"badput_s": {}}
+        recovery = float(goodput["badput_s"].get("recovery", 0.0))
+        records.append(RunRecord(run.name, run.restarts, recovery))
+    return records
 
 
 def cluster_prepare(name: str) -> tuple[Cluster, str]:
