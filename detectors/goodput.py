@@ -41,8 +41,10 @@ class Goodput:
             "wall_s": round(self.wall, 3),
             "productive_s": round(self.productive, 3),
             "goodput": round(self.goodput, 4),
-            "badput_s": {k: round(v, 3) for k, v in self.badput.items()},
-            "badput": {k: round(v, 4) for k, v in self.fractions.items()},
+            # `wasted`: kept, always 0, for readers of the contract from before the work a
+            # restart lost was booked as recovery (docs/contract.md)
+            "badput_s": {**{k: round(v, 3) for k, v in self.badput.items()}, "wasted": 0.0},
+            "badput": {**{k: round(v, 4) for k, v in self.fractions.items()}, "wasted": 0.0},
         }
 
 

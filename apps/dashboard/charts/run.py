@@ -22,6 +22,7 @@ from apps.dashboard.selectors.runs import (
 from apps.history.selectors import run_step_history
 from apps.runs.models import Run
 from apps.runs.selectors import run_goodput
+from detectors.goodput import BUCKETS
 
 # Step buckets no narrower than this: narrower than a step, most buckets would hold no step
 # and the charts would be gaps and zeros.
@@ -249,8 +250,9 @@ def goodput_figure(ctx: RunContext, tr: TimeRange) -> dict:
     else:
         found = run_goodput(run=ctx.run, now=moment)
     goodput = found or {"productive_s": 0.0, "badput_s": {}}
-    names = ["productive", *goodput["badput_s"]]
-    seconds = finite([goodput["productive_s"], *goodput["badput_s"].values()])
+    names = ["productive", *BUCKETS]  # not the contract's always-0 `wasted`
+    badput = [goodput["badput_s"].get(name, 0.0) for name in BUCKETS]
+    seconds = finite([goodput["productive_s"], *badput])
     trace = {"type": "bar", "name": "seconds", "x": names, "y": seconds,
              "marker": {"color": ["#2ca02c"] + ["#d62728"] * (len(names) - 1)}}  # fmt: skip
     title = f"Goodput {goodput_text(found)}" if found else "Goodput and badput"
