@@ -6,6 +6,9 @@ walks every step), 5 minutes of telemetry every 10 s for 128 nodes × 8 GPUs (10
 7 host metrics), node heartbeats and a few checkpoint events. Prints the time of
 `detect_all` (median and best of several runs, one core) against the 100 ms target, and the
 time of each detector. Run: python bench/detectors.py [--ranks 4096]
+
+With `--clusters N` (bench/detectors_fleet.py): N clusters of 256 ranks in Postgres, evaluated
+one task per cluster by 2 periodic Celery workers, against the 5 s evaluation period.
 """
 
 from __future__ import annotations
@@ -146,8 +149,28 @@ def timed(fn, repeat: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, default=NODES * GPUS, help="ranks (1,024)")
+    parser.add_argument("--ranks", type=int, help="ranks (1,024; with --clusters: 256 each)")
+    parser.add_argument(
+        "--clusters",
+        type=int,
+        help="N clusters, a task each, on 2 periodic workers (bench/detectors_fleet.py)",
+    )
+    parser.add_argument("--ticks", type=int, default=6, help="with --clusters: beat ticks (6)")
+    parser.add_argument(
+        "--sample-interval", type=float, default=10.0, help="with --clusters: seconds (10)"
+    )
     args = parser.parse_args()
+    if args.clusters:
+        from bench.detectors_fleet import main as fleet
+
+        fleet(
+            clusters=args.clusters,
+            ranks=args.ranks or 256,
+            ticks=args.ticks,
+            interval=args.sample_interval,
+        )
+        return
+    args.ranks = args.ranks or NODES * GPUS
     started = time.perf_counter()
     window, now = build(nodes=max(1, args.ranks // GPUS))
     rows = len(window.runs[0].steps)

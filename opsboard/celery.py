@@ -36,8 +36,17 @@ def periodic_expired(sender=None, request=None, expired: bool = False, **_: obje
     dirty marks, pruning and compaction from what is still there."""
     if not expired:
         return
-    from apps.alerts.services import periodic_skip_count
+    from apps.alerts.services import (
+        EVALUATE_CLUSTER_TASK,
+        detector_pass_skipped,
+        periodic_skip_count,
+    )
 
     name = getattr(sender, "name", None) or getattr(request, "task", None) or "?"
     logger.warning("periodic task %s expired in the queue and was skipped", name)
-    periodic_skip_count(task=name, reason="expired")
+    args = getattr(request, "args", None) or ()
+    if name == EVALUATE_CLUSTER_TASK and args:
+        # counted on the cluster's own pass as well, where its overview reads it
+        detector_pass_skipped(cluster_id=int(args[0]), reason="expired")
+    else:
+        periodic_skip_count(task=name, reason="expired")

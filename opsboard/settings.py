@@ -210,7 +210,8 @@ CELERY_PERIODIC_QUEUE = f"{REDIS_PREFIX}.periodic"
 CELERY_TASK_ROUTES = {
     name: {"queue": CELERY_PERIODIC_QUEUE}
     for name in (
-        "alerts.evaluate_all",  # its pass also sweeps webhook deliveries never enqueued
+        "alerts.evaluate_all",  # the tick: a pass per cluster, and the webhook sweep
+        "alerts.evaluate_cluster",  # any periodic worker takes any cluster's pass
         "history.rollups_refresh",
         "history.prune",
         "telemetry.chunks_compact",
@@ -239,7 +240,7 @@ CELERY_BEAT_SCHEDULE = {
     "inbox-sweep": {"task": "ingest.inbox_sweep", "schedule": INGEST_SWEEP_INTERVAL},
     "chunks-compact": {"task": "telemetry.chunks_compact", "schedule": 60.0},
 }
-# How many of beat's tasks run at once (evaluation never overlaps itself: a Redis lock).
+# How many of beat's tasks run at once (a cluster's passes never overlap: its own Redis lock).
 PERIODIC_WORKER_CONCURRENCY = envint("PERIODIC_WORKER_CONCURRENCY", 2)
 # --- Opsboard's own: alerts, commands, history, ingest, live (opsboard/tunables.py) ------
 from opsboard.tunables import *  # noqa: E402, F403

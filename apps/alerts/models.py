@@ -124,6 +124,10 @@ class DetectorPass(models.Model):
     ran_at = models.DateTimeField(help_text="when the last pass finished")
     duration_s = models.FloatField(help_text="seconds the last pass took")
     findings = models.IntegerField(default=0, help_text="findings of the last pass")
+    skipped = models.IntegerField(
+        default=0,
+        help_text="passes skipped since the first (the previous still ran, or expired queued)",
+    )
 
     def __str__(self) -> str:
         return f"detectors of {self.cluster} ran at {self.ran_at:%H:%M:%S}"

@@ -8,8 +8,14 @@ from apps.alerts import services
 
 @shared_task(name="alerts.evaluate_all", ignore_result=True)
 def evaluate_all() -> int:
-    """Run the detectors over every active cluster (Celery beat, ALERT_EVALUATE_INTERVAL)."""
+    """Beat's tick (ALERT_EVALUATE_INTERVAL): one evaluate_cluster per active cluster."""
     return services.alerts_evaluate_all(now=time.time())
+
+
+@shared_task(name=services.EVALUATE_CLUSTER_TASK, ignore_result=True)
+def evaluate_cluster(cluster_id: int) -> bool:
+    """One cluster's pass, under its own lock (skipped while its previous pass runs)."""
+    return services.alerts_evaluate_cluster(cluster_id=cluster_id, now=time.time())
 
 
 @shared_task(

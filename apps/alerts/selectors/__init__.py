@@ -107,6 +107,7 @@ def detector_pass_status(*, cluster: Cluster, now: float) -> dict[str, Any] | No
         "age_s": age,
         "duration_s": last.duration_s,
         "findings": last.findings,
+        "skipped": last.skipped,  # passes skipped since its first (still running, expired)
         "late": age > LATE_PERIODS * settings.ALERT_EVALUATE_INTERVAL,
     }
 
@@ -114,7 +115,7 @@ def detector_pass_status(*, cluster: Cluster, now: float) -> dict[str, Any] | No
 def periodic_skips() -> dict[str, int]:
     """Periodic passes that did not run, as "<task>:<reason>" → count (reason: `expired` in
     the queue, or `overlap` with a pass still running); see opsboard.celery."""
-    from apps.alerts.services import PERIODIC_SKIPS_KEY
+    from apps.alerts.services.periodic import PERIODIC_SKIPS_KEY
     from apps.core.redis import redis_client
 
     counts = redis_client().hgetall(PERIODIC_SKIPS_KEY.format(prefix=settings.REDIS_PREFIX))

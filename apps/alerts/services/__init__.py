@@ -10,15 +10,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from apps.access.choices import Action
@@ -40,6 +39,7 @@ from apps.alerts.selectors import (
     detector_config,
 )
 from apps.alerts.services.announce import alerts_announce
+from apps.alerts.services.periodic import PERIODIC_SKIPS_KEY, pass_lock, periodic_skip_count
 from apps.alerts.services.webhooks import (  # re-exported: the services' one entry point
     WEBHOOK_DELIVER_TASK,
     WEBHOOK_SWEEP_AGE_S,
@@ -51,15 +51,17 @@ from apps.alerts.services.webhooks import (  # re-exported: the services' one en
 from apps.audit.choices import AuditAction, Outcome
 from apps.audit.services import audit_record
 from apps.clusters.models import Cluster, Node
-from apps.core.redis import redis_client
+from apps.core.tasks import task_enqueue
 from apps.runs.choices import ENDED_STATES
 from apps.runs.models import Run
 from detectors.types import Finding
 
 __all__ = [
+    "PERIODIC_SKIPS_KEY",
     "WEBHOOK_DELIVER_TASK",
     "WEBHOOK_SWEEP_AGE_S",
     "WebhookFailed",
+    "periodic_skip_count",
     "slack_escape",
     "webhook_deliver",
 ]
@@ -70,12 +72,11 @@ logger = logging.getLogger(__name__)
 RESOLVE_AT_ONCE = frozenset({"heartbeat"})
 # pg_advisory_xact_lock(namespace, cluster id) serialises the syncs of one cluster.
 SYNC_LOCK_NAMESPACE = 0x616C7274  # "alrt"
+# One cluster's periodic pass (alerts.tasks.evaluate_cluster), sent by beat's tick.
+EVALUATE_CLUSTER_TASK = "alerts.evaluate_cluster"
+# A cluster's pass holds its lock at most this long (a worker killed in a pass blocks the
+# cluster's next passes for at most this long; a pass this slow is already badly late).
 EVALUATE_LOCK_TTL_S = 60
-# Redis hash of skipped periodic passes: "<task>:<reason>" → count (selectors.periodic_skips).
-PERIODIC_SKIPS_KEY = "{prefix}:periodic:skipped"
-_RELEASE_LOCK = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
-)
 
 
 class AlertResolved(Exception):
@@ -263,39 +264,43 @@ def alerts_evaluate(*, cluster: Cluster, now: float, as_of: bool = False) -> Syn
 
 
 def alerts_evaluate_all(*, now: float) -> int:
-    """Evaluate every cluster with recent data or open alerts; returns how many. A Redis
-    lock keeps two runs (a slow one and the next beat) from overlapping: the later skips."""
-    client = redis_client()
-    key, token = f"{settings.REDIS_PREFIX}:alerts:evaluate-lock", uuid.uuid4().hex
-    if not client.set(key, token, nx=True, ex=EVALUATE_LOCK_TTL_S):
-        # The previous pass is still running: this one is skipped, and the running one (or
-        # the next) evaluates at its own `now`, so nothing is left unevaluated.
-        logger.warning("an evaluation pass is still running; this one is skipped")
-        periodic_skip_count(task="alerts.evaluate_all", reason="overlap")
-        return 0
-    evaluated = 0
-    try:
-        for cluster in clusters_to_evaluate(now=now):
-            try:
-                alerts_evaluate(cluster=cluster, now=now)
-                evaluated += 1
-            except Exception:  # one cluster's failure must not starve the others
-                logger.exception("evaluating the alerts of cluster %s failed", cluster.name)
-        webhooks_sweep(now=now)
-    finally:
-        client.eval(_RELEASE_LOCK, 1, key, token)
-    return evaluated
+    """Beat's tick: send one pass per cluster with recent data or open alerts
+    (EVALUATE_CLUSTER_TASK, for any periodic worker to take), then sweep webhook deliveries
+    never enqueued; returns how many passes were sent. Each expires when the next tick is
+    due: behind a busy queue a stale pass is counted (opsboard.celery), not piled up, and
+    the next tick's pass reads the window as of its own time."""
+    sent = 0
+    for cluster in clusters_to_evaluate(now=now):
+        task_enqueue(EVALUATE_CLUSTER_TASK, cluster.pk, expires=settings.ALERT_EVALUATE_INTERVAL)
+        sent += 1
+    webhooks_sweep(now=now)
+    return sent
 
 
-def periodic_skip_count(*, task: str, reason: str) -> None:
-    """Count a periodic pass that did not run (`expired` in the queue, or an `overlap` with
-    a pass still running), per task and reason; best effort (Redis may be what is down)."""
-    try:
-        redis_client().hincrby(
-            PERIODIC_SKIPS_KEY.format(prefix=settings.REDIS_PREFIX), f"{task}:{reason}", 1
-        )
-    except redis.RedisError:
-        logger.warning("could not count a skipped %s pass (%s)", task, reason)
+def alerts_evaluate_cluster(*, cluster_id: int, now: float) -> bool:
+    """One cluster's periodic pass, under the cluster's own lock: True when it ran. While
+    the cluster's previous pass still runs this one is skipped (False) and counted, in the
+    skip counts and the cluster's DetectorPass.skipped: the running pass, or the next,
+    evaluates at its own `now`, so nothing is left unevaluated. A slow cluster holds only
+    its own lock and one worker; the others' passes go on on the other workers."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:  # deleted since the tick
+        return False
+    with pass_lock(name=f"alerts:evaluate-lock:{cluster_id}", ttl_s=EVALUATE_LOCK_TTL_S) as held:
+        if not held:
+            logger.warning("cluster %s: its previous pass still runs; skipped", cluster.name)
+            detector_pass_skipped(cluster_id=cluster_id, reason="overlap")
+            return False
+        alerts_evaluate(cluster=cluster, now=now)
+    return True
+
+
+def detector_pass_skipped(*, cluster_id: int, reason: str) -> None:
+    """Count a cluster's pass that did not run (`overlap`, or `expired` in the queue): in
+    the periodic skip counts and on the cluster's DetectorPass row (none before its first
+    pass), where the overview reads it with the pass itself."""
+    periodic_skip_count(task=EVALUATE_CLUSTER_TASK, reason=reason)
+    DetectorPass.objects.filter(cluster_id=cluster_id).update(skipped=F("skipped") + 1)
 
 
 def _ended_runs(run_ids: Iterable[int | None]) -> set[int]:
