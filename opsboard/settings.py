@@ -221,6 +221,8 @@ CELERY_TASK_ROUTES = {
         "commands.sweep",
         # scheduler hooks: off the request path, never behind a backlog of ingest
         "commands.node_carry_out",
+        "commands.scheduler_states_poll_all",
+        "commands.scheduler_states_poll",
     )
 }
 CELERY_BROKER_TRANSPORT_OPTIONS = {

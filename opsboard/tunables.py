@@ -54,6 +54,12 @@ COMMANDS_NODE_RETRY_AFTER_S = envfloat("COMMANDS_NODE_RETRY_AFTER_S", 10.0)
 COMMANDS_DRAIN_CHECKPOINT_S = envfloat("COMMANDS_DRAIN_CHECKPOINT_S", 600.0)
 COMMANDS_DRAIN_STOP_S = envfloat("COMMANDS_DRAIN_STOP_S", 300.0)
 beat_schedule["commands-sweep"] = periodic("commands.sweep", COMMANDS_SWEEP_INTERVAL)
+# Each cluster's scheduler state hook (ClusterHooks.state_argv) runs this often: nodes the
+# scheduler reports down leave run plans (docs/actions.md).
+COMMANDS_STATE_HOOK_INTERVAL = envfloat("COMMANDS_STATE_HOOK_INTERVAL", 30.0)
+beat_schedule["commands-scheduler-states"] = periodic(
+    "commands.scheduler_states_poll_all", COMMANDS_STATE_HOOK_INTERVAL
+)
 
 # --- History: rollups and retention --------------------------------------------------------
 # Days each resolution is kept; 0 or empty keeps it forever. Raw = sample chunks and step

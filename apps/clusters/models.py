@@ -2,7 +2,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
-from apps.clusters.choices import NodeState
+from apps.clusters.choices import NodeDownBy, NodeState
 from apps.clusters.hostlist import patterns_match
 
 
@@ -61,6 +61,11 @@ class Node(models.Model):
     # stored before this field existed) are assumed to have an agent.
     has_agent = models.BooleanField(
         default=True, help_text="has sent a batch without a run (a node agent runs there)"
+    )
+    # Who said the node is `down` (NodeDownBy): each source takes back only its own word, so
+    # the heartbeat and the scheduler never undo each other (node_mark_down).
+    down_by = models.CharField(
+        max_length=16, choices=NodeDownBy.choices, blank=True, default="", db_default=""
     )
     # Set by apps.commands.services (cordon, drain); cleared by uncordon.
     cordon_reason = models.TextField(blank=True, default="", db_default="")

@@ -6,9 +6,10 @@ from typing import Any
 
 import psycopg
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from apps.clusters.choices import NodeState
+from apps.clusters.choices import NodeDownBy, NodeState
 from apps.clusters.hostlist import pattern_compile
 from apps.clusters.models import AgentToken, Cluster, Node
 from apps.clusters.signals import agent_token_changed
@@ -95,7 +96,10 @@ FROM seen ORDER BY cluster_id, name
 ON CONFLICT (cluster_id, name) DO UPDATE SET
   last_seen = GREATEST(n.last_seen, EXCLUDED.last_seen),
   has_agent = n.has_agent OR EXCLUDED.has_agent,
-  state = CASE WHEN n.state = 'down' THEN 'active' ELSE n.state END,
+  state = CASE WHEN n.state = 'down' AND n.down_by <> 'scheduler' THEN 'active'
+          ELSE n.state END,
+  down_by = CASE WHEN n.state = 'down' AND n.down_by <> 'scheduler' THEN ''
+            ELSE n.down_by END,
   info = CASE WHEN (SELECT s.info IS NOT NULL FROM seen s
                     WHERE s.cluster_id = EXCLUDED.cluster_id AND s.name = EXCLUDED.name)
          THEN EXCLUDED.info ELSE n.info END
@@ -112,7 +116,8 @@ def nodes_touch(
 
     `seen` maps (cluster_id, node name) to (received at, node_info or None); the nodes in
     `agents` sent a batch without a run (a node agent), and `has_agent` stays set once set.
-    A `down` node that reports again is `active` (a cordoned or draining one stays so).
+    A `down` node that reports again is `active` (a cordoned or draining one stays so),
+    unless the scheduler said it is down: then the scheduler's word brings it back.
     Returns (cluster_id, name) → node id."""
     from psycopg.types.json import Jsonb
 
@@ -134,9 +139,28 @@ def nodes_touch(
         return {(cluster_id, name): node_id for cluster_id, name, node_id in cursor.fetchall()}
 
 
-def node_mark_down(*, node_id: int) -> bool:
-    """The node went silent (its heartbeat alert opened): an `active` node becomes `down`,
-    out of run plans, until it reports again (nodes_touch). A cordoned or draining node keeps
-    its state: a person's decision stands. True when this call changed it."""
-    moved = Node.objects.filter(pk=node_id, state=NodeState.ACTIVE).update(state=NodeState.DOWN)
+def node_mark_down(*, node_id: int, by: str = NodeDownBy.HEARTBEAT) -> bool:
+    """An `active` node becomes `down`, out of run plans. `by` says who said so, and so what
+    brings it back: the heartbeat (it went silent: back when it reports again, nodes_touch)
+    or the scheduler (its state hook: back when the scheduler says it is up, node_mark_up).
+    A cordoned or draining node keeps its state: a person's decision stands. The heartbeat
+    takes over a node the scheduler marked down (the node's own silence is the stronger
+    word: the scheduler saying it is up does not bring back a node nobody hears from).
+    True when this call changed the node."""
+    nodes = Node.objects.filter(pk=node_id)
+    if by == NodeDownBy.HEARTBEAT:
+        nodes = nodes.filter(
+            Q(state=NodeState.ACTIVE) | Q(state=NodeState.DOWN, down_by=NodeDownBy.SCHEDULER)
+        )
+    else:
+        nodes = nodes.filter(state=NodeState.ACTIVE)
+    return bool(nodes.update(state=NodeState.DOWN, down_by=by))
+
+
+def node_mark_up(*, node_id: int, by: str) -> bool:
+    """A node that `by` marked down is `active` again (one marked down by the other source
+    stays down). True when this call changed the node."""
+    moved = Node.objects.filter(pk=node_id, state=NodeState.DOWN, down_by=by).update(
+        state=NodeState.ACTIVE, down_by=""
+    )
     return bool(moved)

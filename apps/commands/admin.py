@@ -69,11 +69,17 @@ class ClusterHooksAdmin(ClusterScopedAdmin):
     code on the Opsboard host, a power above any one cluster's admin. Changes are audited."""
 
     scope_roles = SUPERUSERS_ONLY
-    list_display = ["cluster", "cordon_argv", "uncordon_argv", "drain_argv", "timeout_s"]
+    list_display = [
+        "cluster", "cordon_argv", "uncordon_argv", "drain_argv", "state_argv", "timeout_s",
+        "state_checked_at", "state_error",
+    ]  # fmt: skip
+    # the state hook's last run, written by apps.commands.services.scheduler_states
+    readonly_fields = ["state_checked_at", "state_error"]
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        argv = {name: getattr(obj, name) for name in ("cordon_argv", "uncordon_argv", "drain_argv")}
+        names = ("cordon_argv", "uncordon_argv", "drain_argv", "state_argv")
+        argv = {name: getattr(obj, name) for name in names}
         audit_record(
             action="hooks.configure", outcome="succeeded", actor_user=request.user,
             cluster=obj.cluster, target=f"cluster:{obj.cluster.name}",

@@ -99,13 +99,26 @@ class ClusterHooks(models.Model):
     """The commands that make a cluster's scheduler agree with cordon / uncordon / drain.
 
     Each is an argv list (run without a shell) whose items may contain {node} and {reason};
-    an empty list runs nothing."""
+    an empty list runs nothing. `state_argv` goes the other way: the scheduler's word on its
+    nodes, one "NODE STATE" line each (such as `sinfo -h -N -o "%N %T"`), read periodically
+    (apps.commands.services.scheduler_states); it takes no placeholders."""
 
     cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="hooks")
     cordon_argv = models.JSONField(default=list, blank=True)
     uncordon_argv = models.JSONField(default=list, blank=True)
     drain_argv = models.JSONField(default=list, blank=True)
+    state_argv = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='prints one "NODE STATE" line per node, e.g. ["sinfo", "-h", "-N", "-o", '
+        '"%N %T"]; a node the scheduler reports down, failed or not responding is marked down',
+    )
     timeout_s = models.FloatField(default=30.0)
+    # The state hook's last run (apps.commands.services.scheduler_states): when, and why it
+    # changed nothing ("" when it worked). A failure is audited when it starts and when it
+    # ends, not at every run of a hook that keeps failing.
+    state_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    state_error = models.TextField(blank=True, default="", editable=False)
 
     class Meta:
         verbose_name_plural = "cluster hooks"
@@ -115,7 +128,7 @@ class ClusterHooks(models.Model):
 
     def clean(self) -> None:
         """Each template is a list of strings (an argv, never a shell line)."""
-        for name in ("cordon_argv", "uncordon_argv", "drain_argv"):
+        for name in ("cordon_argv", "uncordon_argv", "drain_argv", "state_argv"):
             argv = getattr(self, name)
             if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
                 raise ValidationError({name: "a JSON list of strings (argv, no shell)"})

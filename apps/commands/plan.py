@@ -11,17 +11,25 @@ it: a durable checkpoint of step S is used only when
   nodes, the completions come from more than half of them.
 Otherwise the plan goes on to the next older checkpoint and lists the one it passed over,
 with why, under `skipped`: shown to the operator, never used.
+
+The plan's nodes are those that served the run and are `active`; the others (down,
+cordoned, draining) leave it and are listed under `nodes_skipped` with why. A down node's
+ranks cannot finish a save: one of them that started a save and never completed it makes
+the checkpoint skipped, the why naming its node as down. Its completed durable saves stay
+as good as any rank's (a durable checkpoint is on shared storage, not on the node), so a
+run can resume elsewhere from what it saved before its node went down.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Exists, Max, OuterRef
 
-from apps.clusters.choices import NodeState
+from apps.clusters.choices import NodeDownBy, NodeState
 from apps.clusters.models import Node
 from apps.commands.selectors import NODES_STEPS
 from apps.runs.models import Run, RunEvent, StepReport
@@ -39,8 +47,14 @@ class CheckpointEvent:
     path: str | None
 
 
-def checkpoint_verdict(*, events: list[CheckpointEvent], served_nodes: set[int]) -> str | None:
-    """Why the durable checkpoint these events describe may not be used; None if it may."""
+def checkpoint_verdict(
+    *,
+    events: list[CheckpointEvent],
+    served_nodes: set[int],
+    down_nodes: Mapping[int, str] | None = None,
+) -> str | None:
+    """Why the durable checkpoint these events describe may not be used; None if it may.
+    `down_nodes` (node id → name) names the down nodes in the why."""
     paths = {event.path for event in events if event.path is not None}
     if len(paths) > 1:
         return f"its ranks name {len(paths)} different paths"
@@ -50,7 +64,11 @@ def checkpoint_verdict(*, events: list[CheckpointEvent], served_nodes: set[int])
     completed = {e.rank for e in events if e.state == "completed"}
     unfinished = sorted({e.rank for e in events if e.state == "started"} - completed, key=str)
     if unfinished:
-        return f"rank {unfinished[0]} started saving it and has not completed"
+        why = f"rank {unfinished[0]} started saving it and has not completed"
+        node_id = next(e.node_id for e in events if e.rank == unfinished[0])
+        if down_nodes and node_id in down_nodes:
+            why += f" (its node {down_nodes[node_id]} is down)"
+        return why
     claimants = {e.node_id for e in events if e.state == "completed"}
     if len(served_nodes) > 1 and 2 * len(claimants & served_nodes) <= len(served_nodes):
         return (
@@ -101,13 +119,18 @@ def plan_checkpoint(*, run: Run) -> tuple[dict[str, Any] | None, list[dict[str, 
     """(the checkpoint the plan uses or None, the newer ones it passed over and why). Weighs
     the newest first and stops at the first usable one: one more query in the usual case."""
     skipped = []
+    down = dict(
+        Node.objects.filter(cluster_id=run.cluster_id, state=NodeState.DOWN).values_list(
+            "pk", "name"
+        )
+    )
     for step, events in _candidates(run).items():
         path = next((e.path for e in events if e.path is not None), None)
         served = _served_nodes(run, step)
         if not served:
             why: str | None = f"no rank reported steps around step {step}"
         else:
-            why = checkpoint_verdict(events=events, served_nodes=served)
+            why = checkpoint_verdict(events=events, served_nodes=served, down_nodes=down)
         if why is None:
             return {"step": step, "path": path, "tier": "durable"}, skipped
         skipped.append({"step": step, "path": path, "why": why})
@@ -116,18 +139,43 @@ def plan_checkpoint(*, run: Run) -> tuple[dict[str, Any] | None, list[dict[str, 
 
 def run_plan(*, run: Run) -> dict[str, Any]:
     """The contract's plan: the newest durable checkpoint the ranks agree on (see the module
-    docstring), those passed over, and the nodes that served the run that are healthy
-    (active: not cordoned, draining or down)."""
+    docstring), those passed over, the nodes that served the run that are healthy (active:
+    not cordoned, draining or down) and those that served it and are not, with why."""
     checkpoint, skipped = plan_checkpoint(run=run)
     nodes: list[str] = []
+    nodes_skipped: list[dict[str, str]] = []
     if run.last_step is not None:
         served = StepReport.objects.filter(
             run_id=run.pk, node_id=OuterRef("pk"), step__gt=run.last_step - NODES_STEPS
         )
-        nodes = list(
-            Node.objects.filter(cluster_id=run.cluster_id, state=NodeState.ACTIVE)
+        rows = (
+            Node.objects.filter(cluster_id=run.cluster_id)
             .filter(Exists(served))
             .order_by("name")
-            .values_list("name", flat=True)
+            .values_list("name", "state", "down_by", "cordon_reason")
         )
-    return {"run": run.name, "checkpoint": checkpoint, "nodes": nodes, "skipped": skipped}
+        for name, state, down_by, cordon_reason in rows:
+            if state == NodeState.ACTIVE:
+                nodes.append(name)
+            else:
+                why = _NOT_ACTIVE.get(down_by if state == NodeState.DOWN else state, state)
+                if cordon_reason and state != NodeState.DOWN:
+                    why += f": {cordon_reason}"
+                nodes_skipped.append({"node": name, "state": state, "why": why})
+    return {
+        "run": run.name,
+        "checkpoint": checkpoint,
+        "nodes": nodes,
+        "skipped": skipped,
+        "nodes_skipped": nodes_skipped,
+    }
+
+
+# Why a node that served the run is not in its plan (by its state; a down one by who said so)
+_NOT_ACTIVE = {
+    NodeDownBy.HEARTBEAT: "down: it went silent (heartbeat)",
+    NodeDownBy.SCHEDULER: "down: the scheduler reports it down",
+    "": "down",
+    NodeState.CORDONED: "cordoned",
+    NodeState.DRAINING: "draining",
+}

@@ -134,6 +134,12 @@ class PlanSkipped(Schema):
     why: str
 
 
+class PlanNodeSkipped(Schema):
+    node: str
+    state: Literal["cordoned", "draining", "down"]
+    why: str
+
+
 class PlanOut(Schema):
     run: str
     checkpoint: PlanCheckpoint | None
@@ -142,4 +148,9 @@ class PlanOut(Schema):
         default_factory=list,
         description="newer durable checkpoints passed over (ranks disagree, a rank failed or "
         "is unfinished, one node's claim), newest first: shown, never used",
+    )
+    nodes_skipped: list[PlanNodeSkipped] = Field(
+        default_factory=list,
+        description="nodes that served the run and are not active (down, cordoned, "
+        "draining), with why: left out of `nodes`",
     )

@@ -202,6 +202,7 @@ def test_the_plan_names_the_durable_checkpoint_and_the_healthy_nodes(live_stack,
         "checkpoint": {"step": 90, "path": "/ckpt/step-90", "tier": "durable"},
         "nodes": ["node-01"],
         "skipped": [],
+        "nodes_skipped": [{"node": "node-02", "state": "cordoned", "why": "cordoned"}],
     }
     assert missing.status_code == 404
 

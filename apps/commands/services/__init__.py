@@ -25,6 +25,10 @@ from apps.commands.services.node_commands import (
 from apps.commands.services.nodes import HookFailed, hook_argv, node_cordon, node_uncordon
 from apps.commands.services.policy import critical_finding, policy_apply
 from apps.commands.services.reactions import checkpoint_evaluate, commands_sweep
+from apps.commands.services.scheduler_states import (
+    scheduler_states_poll,
+    scheduler_states_poll_all,
+)
 
 __all__ = [
     "CommandConflict",
@@ -51,4 +55,6 @@ __all__ = [
     "node_cordon",
     "node_uncordon",
     "policy_apply",
+    "scheduler_states_poll",
+    "scheduler_states_poll_all",
 ]

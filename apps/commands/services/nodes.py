@@ -78,6 +78,13 @@ def hook_run(*, node: Node, which: str, reason: str) -> HookResult | None:
         argv = hook_argv(template, node=node.name, reason=reason)
     except ValueError as error:
         return HookResult(argv=[], exit_code=None, error=str(error))
+    return argv_run(argv=argv, timeout_s=hooks.timeout_s)
+
+
+def argv_run(*, argv: list[str], timeout_s: float) -> HookResult:
+    """Run argv without a shell, in a session of its own, within `timeout_s`: on timeout the
+    whole process group is killed. Never raises for the command's failures (they are in the
+    result: exit code, error)."""
     try:
         # a session of its own: on timeout the whole process group goes, not the hook's
         # first process alone (a wrapper script's `scontrol` or `kubectl` would live on)
@@ -92,7 +99,7 @@ def hook_run(*, node: Node, which: str, reason: str) -> HookResult | None:
     except OSError as error:
         return HookResult(argv=argv, exit_code=None, error=f"could not start: {error}")
     try:
-        stdout, stderr = process.communicate(timeout=hooks.timeout_s)
+        stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(process.pid)
         try:
@@ -107,7 +114,7 @@ def hook_run(*, node: Node, which: str, reason: str) -> HookResult | None:
             exit_code=None,
             stdout=_text(stdout),
             stderr=_text(stderr),
-            error=f"timed out after {hooks.timeout_s:g} s",
+            error=f"timed out after {timeout_s:g} s",
         )
     return HookResult(argv=argv, exit_code=process.returncode, stdout=stdout, stderr=stderr)
 

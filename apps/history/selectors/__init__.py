@@ -11,12 +11,11 @@ through OFFSET 0 lateral index scans or bounded by constant ranges (docs/history
 """
 
 from apps.history.selectors.metrics import History, SeriesHistory, metric_history
+from apps.history.selectors.rank_busy import RankBusy, run_rank_busy
 from apps.history.selectors.resolution import Resolution, resolution_choose
 from apps.history.selectors.steps import (
-    RankBusy,
     RankHistory,
     StepHistory,
-    run_rank_busy,
     run_rank_history,
     run_step_history,
 )
