@@ -2,9 +2,8 @@ from typing import Any, Literal
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
-from ninja.security import SessionAuth
 
-from apps.access.auth import user_token_auth
+from apps.access.auth import session_auth, user_token_auth
 from apps.access.selectors import audit_cluster_ids, audit_may_read
 from apps.audit.selectors import audit_json, audit_list
 from apps.core.errors import Errors, FieldError
@@ -42,7 +41,7 @@ class AuditQuery(Schema):
 
 @router.get(
     "/audit",
-    auth=[user_token_auth, SessionAuth()],
+    auth=[user_token_auth, session_auth],
     response={200: AuditOut, 400: Errors, 401: Errors, 403: Errors},
     summary="The audit log of the clusters you administer, newest first",
 )

@@ -2,10 +2,9 @@ from typing import Any, Literal
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
-from ninja.security import SessionAuth
 from pydantic import field_validator
 
-from apps.access.auth import reader_auth, user_token_auth
+from apps.access.auth import reader_auth, session_auth, user_token_auth
 from apps.access.selectors import clusters_visible
 from apps.alerts.selectors import alert_get, alert_json, alert_list
 from apps.alerts.services import (
@@ -92,7 +91,7 @@ def alerts(request: HttpRequest, query: Query[AlertsQuery]):
 
 @router.post(
     "/alerts/{alert_id}/ack",
-    auth=[user_token_auth, SessionAuth()],  # an operator: personal token, or login + CSRF
+    auth=[user_token_auth, session_auth],  # an operator: personal token, or login + CSRF
     response={200: AlertOut, 400: Errors, 401: Errors, 403: Errors, 404: Errors, 409: Errors},
     summary="Acknowledge a firing alert (operators of the alert's cluster)",
 )

@@ -7,9 +7,8 @@ from typing import Any, NoReturn
 
 from django.http import HttpRequest
 from ninja import Header, Query, Router
-from ninja.security import SessionAuth
 
-from apps.access.auth import reader_auth, user_token_auth
+from apps.access.auth import reader_auth, session_auth, user_token_auth
 from apps.access.selectors import clusters_visible
 from apps.access.services import attempt_hidden_record
 from apps.clusters.models import Cluster, Node
@@ -41,7 +40,7 @@ router = Router(tags=["commands"])
 
 @router.post(
     "/commands",
-    auth=[user_token_auth, SessionAuth()],
+    auth=[user_token_auth, session_auth],
     response={
         200: CommandOut,
         201: CommandOut,
@@ -150,7 +149,7 @@ def _invalid(request: HttpRequest, payload: CommandIn, target: Any, loc: str, ms
 
 @router.get(
     "/commands",
-    auth=[agent_auth, user_token_auth, SessionAuth()],
+    auth=[agent_auth, user_token_auth, session_auth],
     response={200: CommandsOut, 307: None, 400: Errors, 401: Errors, 403: Errors},
     summary="Agents: long-poll for the node's commands. Users: the commands, newest first",
     description=(
@@ -270,7 +269,7 @@ def _ack_refusal(request: HttpRequest, command, payload: AckIn) -> tuple[int, st
 @router.get(
     "/runs/{name}/plan",
     auth=reader_auth,
-    response={200: PlanOut, 400: Errors, 404: Errors},
+    response={200: PlanOut, 400: Errors, 401: Errors, 404: Errors},
     summary="For launchers: the newest durable checkpoint and the run's healthy nodes",
 )
 def plan(request: HttpRequest, name: str, cluster: str | None = None):

@@ -54,7 +54,9 @@ class RunOut(Schema):
     nodes: list[str]
 
 
-@router.get("/runs/{name}", auth=reader_auth, response={200: RunOut, 404: Errors})
+@router.get(
+    "/runs/{name}", auth=reader_auth, response={200: RunOut, 400: Errors, 401: Errors, 404: Errors}
+)
 def run_detail(request: HttpRequest, name: str, cluster: str | None = None):
     run = run_get(name=name, **request_cluster_filter(request, cluster))
     if run is None:

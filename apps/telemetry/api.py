@@ -99,7 +99,9 @@ def _unknown_series(node_id: int, query: SeriesQuery) -> FieldError:
     return FieldError(404, "metric", f"node {query.node} never sent {query.metric}{where}")
 
 
-@router.get("/series", auth=reader_auth, response={200: SeriesOut, 400: Errors, 404: Errors})
+@router.get(
+    "/series", auth=reader_auth, response={200: SeriesOut, 400: Errors, 401: Errors, 404: Errors}
+)
 def series(request: HttpRequest, query: Query[SeriesQuery]):
     end = query.end if query.end is not None else time.time()
     start = query.start if query.start is not None else end - DEFAULT_RANGE_S
@@ -157,7 +159,7 @@ class NodeSeriesOut(Schema):
 @router.get(
     "/nodes/{name}/series",
     auth=reader_auth,
-    response={200: NodeSeriesOut, 400: Errors, 404: Errors},
+    response={200: NodeSeriesOut, 400: Errors, 401: Errors, 404: Errors},
 )
 def node_series(request: HttpRequest, name: str, query: Query[NodeSeriesQuery]):
     """Every series the node has sent: the sources with their counts, and the series (of
