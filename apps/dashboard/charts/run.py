@@ -250,8 +250,9 @@ def goodput_figure(ctx: RunContext, tr: TimeRange) -> dict:
     else:
         found = run_goodput(run=ctx.run, now=moment)
     goodput = found or {"productive_s": 0.0, "badput_s": {}}
-    names = ["productive", *BUCKETS]  # not the contract's always-0 `wasted`
-    badput = [goodput["badput_s"].get(name, 0.0) for name in BUCKETS]
+    buckets = BUCKETS if found else ()  # not the contract's always-0 `wasted`
+    names = ["productive", *buckets]
+    badput = [goodput["badput_s"].get(name, 0.0) for name in buckets]
     seconds = finite([goodput["productive_s"], *badput])
     trace = {"type": "bar", "name": "seconds", "x": names, "y": seconds,
              "marker": {"color": ["#2ca02c"] + ["#d62728"] * (len(names) - 1)}}  # fmt: skip
