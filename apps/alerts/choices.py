@@ -53,3 +53,8 @@ WEBHOOK_EVENTS = (AlertEvent.OPENED, AlertEvent.ESCALATED, AlertEvent.RESOLVED)
 class WebhookFormat(models.TextChoices):
     GENERIC = "generic", "generic JSON"
     SLACK = "slack", "Slack-compatible"
+
+
+# Redis hash of skipped periodic passes: "<task>:<reason>" → count. Written by
+# services.periodic, read by selectors.periodic_skips: here, below both.
+PERIODIC_SKIPS_KEY = "{prefix}:periodic:skipped"

@@ -42,6 +42,7 @@ from django.utils import timezone
 from apps.clusters.models import AgentToken
 from apps.clusters.selectors import token_authenticate
 from apps.commands import services
+from apps.commands.schemas import CommandsQuery
 from apps.commands.selectors import command_get, command_json, commands_deliverable_targets
 from apps.commands.wakeups import wake_channel, wake_pattern
 from apps.core.auth import NODE_NOT_OURS
@@ -328,8 +329,6 @@ class LongPollApp:
     async def _poll(
         self, scope: dict, receive: Callable, token: AgentToken
     ) -> tuple[int, dict[str, Any] | None]:
-        from apps.commands.schemas import CommandsQuery
-
         params = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), True))
         nul = next((name for name, value in params.items() if NUL in name + value), None)
         if nul is not None:

@@ -38,6 +38,7 @@ from opsboard_agent.sim.events import EventSchedule, SimEvent
 from opsboard_agent.sim.faults import Fault
 from opsboard_agent.sim.layout import Layout, RankSlot
 from opsboard_agent.sim.noise import Noise, jitter, lognormal
+from opsboard_agent.sim.telemetry import SimSample, node_samples
 
 __all__ = ["ClusterModel", "Resume", "SimConfig", "SimEvent", "SimSample", "SimStep", "Tick"]
 
@@ -64,15 +65,6 @@ class SimConfig:
             raise ValueError("step_time and interval must be > 0")
         if self.check_every < 1 or self.checkpoint_every < 1:
             raise ValueError("check_every and checkpoint_every must be >= 1")
-
-
-@dataclass(frozen=True)
-class SimSample:
-    t: float
-    node: str
-    metric: str
-    value: float
-    gpu: int | None = None
 
 
 @dataclass(frozen=True)
@@ -297,8 +289,6 @@ class ClusterModel(EventSchedule):
         """Everything with a time in (previous `until`, `until`], each list time-ordered."""
         if until < self._until:
             raise ValueError("the model only moves forward")
-        from opsboard_agent.sim.telemetry import node_samples  # telemetry imports this module
-
         self._until = until
         tick = Tick()
         for run in self.layout.runs:

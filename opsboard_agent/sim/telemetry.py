@@ -10,13 +10,13 @@ With the model's noise on, readings also jitter (`noise.Noise.telemetry` / `.tem
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
-from opsboard_agent.sim.layout import RankSlot
-from opsboard_agent.sim.noise import jitter
-
-if TYPE_CHECKING:
-    from opsboard_agent.sim.model import ClusterModel, SimSample
+from opsboard_agent.sim.faults import Fault
+from opsboard_agent.sim.layout import Layout, RankSlot
+from opsboard_agent.sim.noise import Noise, jitter
 
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 GPU_MEM_TOTAL = 80 * 2**30
@@ -38,15 +38,47 @@ HOST_DISK_READ_BYTES_PER_S, INPUT_BOUND_DISK_READ_BYTES_PER_S = 4.0e8, 2.4e9
 CKPT_WRITE_BYTES_PER_S = 6.0e9
 
 
+@dataclass(frozen=True)
+class SimSample:
+    t: float
+    node: str
+    metric: str
+    value: float
+    gpu: int | None = None
+
+
+class _NoiseConfig(Protocol):
+    @property
+    def noise(self) -> Noise: ...
+
+
+class TelemetrySource(Protocol):
+    """What telemetry reads of `model.ClusterModel`, which imports this module (so the
+    imports run one way: model → telemetry)."""
+
+    @property
+    def layout(self) -> Layout: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def config(self) -> _NoiseConfig: ...
+    def active(self, kind: str, t: float, **subject: object) -> Sequence[Fault]: ...
+    def run_state(self, run: str, t: float) -> str: ...
+    def expected_split(
+        self, run: str, t: float
+    ) -> tuple[dict[int, tuple[float, float, float]], float]: ...
+    def gpu_temp(self, node: str, gpu: int, t: float, base: float = ...) -> float: ...
+    def sm_clock(self, node: str, gpu: int, t: float, temp: float | None = None) -> float: ...
+    def writing_checkpoint(self, run: str, t: float) -> bool: ...
+
+
 def node_info(gpus: int) -> dict[str, object]:
     """The contract's `node_info` of a simulated node."""
     return {"gpus": gpus, "gpu_model": GPU_MODEL, "cpus": HOST_CPUS, "mem_bytes": HOST_MEM_TOTAL}
 
 
-def node_samples(model: ClusterModel, node: str, t: float) -> list[SimSample]:
+def node_samples(model: TelemetrySource, node: str, t: float) -> list[SimSample]:
     """Every GPU's and the host's samples of `node` at `t`."""
-    from opsboard_agent.sim.model import SimSample
-
     run = model.layout.run_of_node(node)
     state = model.run_state(run.name, t)
     busy: dict[int, float] = {}
@@ -66,7 +98,7 @@ def node_samples(model: ClusterModel, node: str, t: float) -> list[SimSample]:
 
 
 def _gpu(
-    model: ClusterModel, slot: RankSlot, t: float, state: str, busy: float
+    model: TelemetrySource, slot: RankSlot, t: float, state: str, busy: float
 ) -> list[tuple[str, float]]:
     noise = model.config.noise
 
@@ -112,7 +144,7 @@ def _gpu(
     ]
 
 
-def _memory(model: ClusterModel, slot: RankSlot, t: float, state: str) -> float:
+def _memory(model: TelemetrySource, slot: RankSlot, t: float, state: str) -> float:
     """A training process holds ~78 %; `oom-creep` climbs linearly to the total at
     `at + ramp` (the OOM); a crashed run's GPUs hold almost nothing."""
     if state == "crashed":
@@ -129,7 +161,7 @@ def _memory(model: ClusterModel, slot: RankSlot, t: float, state: str) -> float:
 
 
 def _host(
-    model: ClusterModel, node: str, run: str, run_nodes: int, t: float, state: str
+    model: TelemetrySource, node: str, run: str, run_nodes: int, t: float, state: str
 ) -> list[tuple[str, float]]:
     noise = model.config.noise
 

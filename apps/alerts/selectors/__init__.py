@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
-from apps.alerts.choices import OPEN_STATES
+from apps.alerts.choices import OPEN_STATES, PERIODIC_SKIPS_KEY
 from apps.alerts.models import Alert, ClusterDetectorConfig, DetectorPass
 from apps.alerts.selectors.window import cluster_window, run_window, ts
 from apps.clusters.models import Cluster
@@ -115,7 +115,6 @@ def detector_pass_status(*, cluster: Cluster, now: float) -> dict[str, Any] | No
 def periodic_skips() -> dict[str, int]:
     """Periodic passes that did not run, as "<task>:<reason>" → count (reason: `expired` in
     the queue, or `overlap` with a pass still running); see opsboard.celery."""
-    from apps.alerts.services.periodic import PERIODIC_SKIPS_KEY
     from apps.core.redis import redis_client
 
     counts = redis_client().hgetall(PERIODIC_SKIPS_KEY.format(prefix=settings.REDIS_PREFIX))

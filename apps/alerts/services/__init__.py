@@ -25,6 +25,7 @@ from apps.access.selectors import user_may
 from apps.access.services import attempt_hidden_record
 from apps.alerts.choices import (
     OPEN_STATES,
+    PERIODIC_SKIPS_KEY,
     SEVERITY_RANK,
     AlertEvent,
     AlertState,
@@ -39,7 +40,7 @@ from apps.alerts.selectors import (
     detector_config,
 )
 from apps.alerts.services.announce import alerts_announce
-from apps.alerts.services.periodic import PERIODIC_SKIPS_KEY, pass_lock, periodic_skip_count
+from apps.alerts.services.periodic import pass_lock, periodic_skip_count
 from apps.alerts.services.webhooks import (  # re-exported: the services' one entry point
     WEBHOOK_DELIVER_TASK,
     WEBHOOK_SWEEP_AGE_S,

@@ -12,12 +12,11 @@ from contextlib import contextmanager
 import redis
 from django.conf import settings
 
+from apps.alerts.choices import PERIODIC_SKIPS_KEY
 from apps.core.redis import redis_client
 
 logger = logging.getLogger(__name__)
 
-# Redis hash of skipped periodic passes: "<task>:<reason>" → count (selectors.periodic_skips).
-PERIODIC_SKIPS_KEY = "{prefix}:periodic:skipped"
 _RELEASE_LOCK = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
 )

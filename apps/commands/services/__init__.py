@@ -1,5 +1,7 @@
 """Services of the commands app (one state machine: apps.commands.services.core)."""
 
+from apps.commands.services.carry_out import node_command_carry_out
+from apps.commands.services.checkpoints import checkpoint_evaluate
 from apps.commands.services.core import (
     CommandConflict,
     IdempotencyMismatch,
@@ -19,12 +21,11 @@ from apps.commands.services.issue import (
 )
 from apps.commands.services.node_commands import (
     NodeBusy,
-    node_command_carry_out,
     node_commands_resend,
 )
 from apps.commands.services.nodes import HookFailed, hook_argv, node_cordon, node_uncordon
 from apps.commands.services.policy import critical_finding, policy_apply
-from apps.commands.services.reactions import checkpoint_evaluate, commands_sweep
+from apps.commands.services.reactions import commands_sweep
 from apps.commands.services.scheduler_states import (
     scheduler_states_poll,
     scheduler_states_poll_all,

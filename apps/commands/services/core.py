@@ -10,6 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from apps.commands.choices import (
@@ -20,6 +21,12 @@ from apps.commands.choices import (
 )
 from apps.commands.models import Command, CommandTransition
 from apps.commands.services.broadcast import command_broadcast_on_commit
+
+# Sent (with `command`) when command_transition moved a command to a terminal state, before
+# the page hears of it. Its receiver, reactions.on_command_ended (connected in apps.py),
+# steps drains on and follows run states; the reactions sit above this module and call into
+# it, so it announces rather than imports them.
+command_ended = Signal()
 
 
 class CommandConflict(Exception):
@@ -177,9 +184,18 @@ def command_transition(
         # another caller moved it first: judge the move again against its new state
     command = Command.objects.get(pk=command.pk)
     if to_state in TERMINAL_STATES:
-        from apps.commands.services.reactions import command_finished
-
-        command_finished(command=command)
-    # after command_finished: a drain's node is settled before the page hears of it
+        command_ended.send(sender=Command, command=command)
+    # after command_ended's reactions: a drain's node is settled before the page hears of it
     command_broadcast_on_commit(command_id=command.pk)
     return command, True
+
+
+def command_move(command: Command, state: str, detail: dict[str, Any]) -> Command:
+    """command_transition recording `detail` as the move's detail and result; a command
+    someone else finished first (expiry) is returned as they left it."""
+    try:
+        return command_transition(
+            command_id=command.pk, to_state=state, detail=detail, result=detail
+        )[0]
+    except CommandConflict as conflict:  # someone else finished it first: keep theirs
+        return conflict.command

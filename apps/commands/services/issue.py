@@ -24,6 +24,7 @@ from apps.commands.choices import (
 from apps.commands.models import Command, CommandTransition
 from apps.commands.plan import run_plan
 from apps.commands.selectors import commands_pending
+from apps.commands.services.checkpoints import checkpoint_evaluate
 from apps.commands.services.core import (
     CommandConflict,
     IdempotencyMismatch,
@@ -294,8 +295,6 @@ def command_ack(
 ) -> Command:
     """An agent's acknowledgement. Raises CommandConflict for a move backwards. An accepted
     checkpoint naming its step is judged at once against the events already stored."""
-    from apps.commands.services.reactions import checkpoint_evaluate
-
     result: dict[str, Any] = {"message": message} if message else {}
     if step is not None:
         result["step"] = step

@@ -19,8 +19,11 @@ from apps.clusters.choices import NodeState
 from apps.clusters.models import Node
 from apps.commands.choices import LIVE_STATES, CommandKind, CommandState
 from apps.commands.models import Command
-from apps.commands.selectors import checkpoint_ranks, node_runs
-from apps.commands.services.core import CommandConflict, command_transition
+from apps.commands.selectors import node_runs
+from apps.commands.services.checkpoints import checkpoint_evaluate
+from apps.commands.services.core import CommandConflict, command_move, command_transition
+from apps.commands.services.issue import command_issue
+from apps.commands.services.node_commands import node_commands_resend
 from apps.commands.services.nodes import HookFailed, node_cordon, node_drain_settle
 from apps.runs.models import Run
 from apps.runs.services import run_mark_running, run_mark_stopped
@@ -39,10 +42,10 @@ def drain_start(*, command: Command, node: Node, actor: dict[str, Any]) -> Comma
         )
     except HookFailed as failed:
         hook_failed = {"hook": failed.result.to_dict()}
-        return _move(command, CommandState.FAILED, hook_failed)
+        return command_move(command, CommandState.FAILED, hook_failed)
     runs = node_runs(node=node)
     hook_result = {"hook": hook.to_dict() if hook else None, "runs": [run.name for run in runs]}
-    command = _move(command, CommandState.ACCEPTED, hook_result)
+    command = command_move(command, CommandState.ACCEPTED, hook_result)
     # the drain's deadline is its phases': the checkpoint's, then the stop's
     phases = timedelta(
         seconds=settings.COMMANDS_DRAIN_CHECKPOINT_S + settings.COMMANDS_DRAIN_STOP_S
@@ -53,7 +56,7 @@ def drain_start(*, command: Command, node: Node, actor: dict[str, Any]) -> Comma
     for run in runs:
         _child(command, CommandKind.CHECKPOINT, run)
     if not runs:
-        command = _move(command, CommandState.SUCCEEDED, {"runs": []})
+        command = command_move(command, CommandState.SUCCEEDED, {"runs": []})
     return command
 
 
@@ -69,6 +72,11 @@ def command_finished(*, command: Command) -> None:
         drain_step(drain=Command.objects.get(pk=command.parent_id))
 
 
+def on_command_ended(sender: Any, *, command: Command, **kwargs: Any) -> None:
+    """core.command_ended receiver (apps.py): command_finished."""
+    command_finished(command=command)
+
+
 def drain_step(*, drain: Command) -> Command:
     """Take an accepted drain as far as its children allow, judged from their states alone
     (so the sweep may call it again for a reaction that never ran): a succeeded checkpoint
@@ -82,7 +90,7 @@ def drain_step(*, drain: Command) -> Command:
     for child in children:
         if child.state in (CommandState.FAILED, CommandState.EXPIRED):
             detail = {child.kind: str(child.pk), "run": child.run.name}
-            return _move(drain, CommandState.FAILED, detail)
+            return command_move(drain, CommandState.FAILED, detail)
         if (
             child.kind == CommandKind.CHECKPOINT
             and child.state == CommandState.SUCCEEDED
@@ -90,7 +98,9 @@ def drain_step(*, drain: Command) -> Command:
         ):
             _child(drain, CommandKind.STOP, child.run, node_id=drain.node_id)
     if _all_stopped(drain):
-        return _move(drain, CommandState.SUCCEEDED, {"stopped": drain.result.get("runs", [])})
+        return command_move(
+            drain, CommandState.SUCCEEDED, {"stopped": drain.result.get("runs", [])}
+        )
     return drain
 
 
@@ -127,8 +137,6 @@ def _all_stopped(drain: Command) -> bool:
 def _child(drain: Command, kind: str, run: Run, node_id: int | None = None) -> Command:
     """A drain's own checkpoint or stop: one per run (its idempotency key says so), due
     within its phase's deadline; the drain lives at least as long as its newest phase."""
-    from apps.commands.services.issue import command_issue
-
     node = Node.objects.get(pk=node_id) if node_id else None
     child, created = command_issue(
         cluster=drain.cluster,
@@ -156,37 +164,6 @@ def _phase_s(kind: str) -> float:
     return settings.COMMANDS_DRAIN_STOP_S
 
 
-def _move(command: Command, state: str, detail: dict[str, Any]) -> Command:
-    try:
-        return command_transition(
-            command_id=command.pk, to_state=state, detail=detail, result=detail
-        )[0]
-    except CommandConflict as conflict:  # someone else finished it first (expiry): keep theirs
-        return conflict.command
-
-
-def checkpoint_evaluate(*, command: Command) -> Command:
-    """An accepted checkpoint command whose step is known (ack `step`, else `args.step`):
-    failed on a failed checkpoint event of that step; succeeded once every rank that saves
-    reported the durable checkpoint of that step completed. The ranks that save are those
-    the ack or the args name (`ranks`), else every rank that reported starting it."""
-    step = command.result.get("step", command.args.get("step"))
-    if command.state != CommandState.ACCEPTED or step is None or command.run_id is None:
-        return command
-    seen = checkpoint_ranks(run_id=command.run_id, step=int(step))
-    if seen.failed:
-        return _move(command, CommandState.FAILED, {"failed_ranks": sorted(seen.failed, key=str)})
-    named = command.result.get("ranks") or command.args.get("ranks")
-    expected = set(named or seen.started)
-    # With no ranks named, a rank whose part is not known yet could still be saving: its
-    # events may be queued behind the ones already stored. Success then waits until every
-    # rank at the step has reported a checkpoint event of it or a later step.
-    unknown = set() if named else seen.unsettled
-    if seen.durable and expected <= seen.durable and not unknown:
-        return _move(command, CommandState.SUCCEEDED, {"durable_step": int(step)})
-    return command
-
-
 def command_expire(*, command_id: uuid.UUID | str) -> bool:
     """Expire a live command; whether this call did (False: it was expired already). The
     expiry is audited (`command.expire` by the system) in the same transaction. Raises
@@ -210,8 +187,6 @@ def commands_sweep() -> dict[str, int]:
     """Beat's pass: expire the live commands past expires_at, judge accepted checkpoints,
     send node commands whose task was lost again, and re-run the reactions of accepted
     drains (a crash between a child's commit and its reaction loses nothing)."""
-    from apps.commands.services.node_commands import node_commands_resend
-
     now = timezone.now()
     expired = judged = 0
     late = Command.objects.filter(

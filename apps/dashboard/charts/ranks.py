@@ -4,19 +4,16 @@ rank page's parts of one rank's step against the median of its peers."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 from django.db import transaction
 
 from apps.dashboard.charts.base import chart_layout, line_trace, ms
+from apps.dashboard.charts.context import RunContext
 from apps.dashboard.selectors.ranges import TimeRange
 from apps.dashboard.selectors.runs import decimals_rounded, nan_to_none, rank_busy_matrix
 from apps.runs.models import Run
 from apps.runs.selectors import rank_label, rank_stage_history, run_rank_places
-
-if TYPE_CHECKING:  # run.py registers the heat-map among the run charts
-    from apps.dashboard.charts.run import RunContext
 
 HEATMAP_BUCKETS = 120
 # The heat-map: light where a rank works as long as the median rank, dark red where it is

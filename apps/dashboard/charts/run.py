@@ -5,22 +5,19 @@ several charts share once."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from apps.dashboard.charts.base import MAX_POINTS, chart_layout, empty, finite, line_trace, ms
+from apps.dashboard.charts.context import RunContext
 from apps.dashboard.charts.ranks import step_time_figure
 from apps.dashboard.selectors.ranges import TimeRange, as_of
 from apps.dashboard.selectors.runs import (
     checkpoint_events,
     checkpoint_reported,
     checksum_agreement,
-    run_span,
 )
 from apps.history.selectors import run_step_history
-from apps.runs.models import Run
 from apps.runs.selectors import run_goodput
 from detectors.goodput import BUCKETS
 
@@ -36,21 +33,6 @@ STAGES = (
     ("compute_time", "compute"),
     ("comm_wait", "collective wait"),
 )
-
-
-@dataclass(frozen=True)
-class RunContext:
-    run: Run
-    began: float  # selectors.runs.run_began(run): when its first step was reported
-    now: float = field(default_factory=time.time)  # summary's moment, when one is given
-    summary: dict[str, Any] | None = None  # run_summary, for the goodput chart
-    # the step history of a span, read once for the throughput, stages and loss charts
-    step_histories: dict[tuple[float, float], dict[str, Any]] = field(default_factory=dict)
-    # checksum agreement per range, read once for the chart and the page's table
-    checks: dict[tuple[float, float], list[dict[str, Any]]] = field(default_factory=dict)
-
-    def span(self, tr: TimeRange) -> tuple[float, float]:
-        return run_span(run=self.run, tr=tr, began=self.began)
 
 
 def _step_history(ctx: RunContext, tr: TimeRange) -> dict[str, Any]:
