@@ -2,6 +2,7 @@
 it schedules is lost or doubled: detector evaluations, rollups, the inbox sweep, command
 expiry each catch up once, from the database's state, after the restart."""
 
+import json
 import signal
 import time
 import uuid
@@ -20,7 +21,6 @@ from apps.commands.services import command_issue
 from apps.ingest.models import InboxBatch
 from apps.runs.models import Run
 from launcher.procs import wait_until
-from tests.conftest import AgentClient
 from tests.faults.ingest import (
     SAMPLES_PER_BATCH,
     STEPS_PER_BATCH,
@@ -95,9 +95,7 @@ def test_nothing_beat_schedules_is_lost_or_doubled_when_it_is_killed(
     batches = BEFORE + DURING + SWEPT
     wait_until(lambda: unprocessed(token) == 0, 120, "the sweep to store the lost batches")
     swept = time.monotonic() - restarted
-    wait_until(
-        lambda: rolled_up(cluster)[2] == 0, 120, "the rollups to consume every dirty range"
-    )
+    wait_until(lambda: rolled_up(cluster)[2] == 0, 120, "the rollups to consume every dirty range")
     rolled = time.monotonic() - restarted
     wait_until(
         lambda: DetectorPass.objects.get(cluster=cluster).ran_at > killed, 60, "an evaluation"
@@ -130,6 +128,4 @@ def test_nothing_beat_schedules_is_lost_or_doubled_when_it_is_killed(
 
 
 def _body(batch: dict) -> bytes:
-    import json
-
     return json.dumps(batch).encode()

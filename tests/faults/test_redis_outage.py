@@ -14,7 +14,11 @@ from tests.faults.ingest import Sender, assert_stored_exactly_once, batch_count,
 from tests.faults.redis_server import PrivateRedis
 from tests.stackproc import Stack
 
-pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True), pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(3600),
+]
 
 DOWN_S = float(os.environ.get("FAULTS_REDIS_DOWN_S", "60"))
 

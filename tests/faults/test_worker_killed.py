@@ -15,7 +15,11 @@ from tests.faults.ingest import (
     unprocessed,
 )
 
-pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True), pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(3600),
+]
 
 KILLS = 3
 
@@ -34,7 +38,9 @@ def test_it_stores_every_accepted_sample_once_across_three_worker_kills(
     try:
         for moment in moments:
             wait_until(
-                lambda moment=moment: len(sender.accepted) >= moment or not sender.thread.is_alive(),
+                lambda moment=moment: (
+                    len(sender.accepted) >= moment or not sender.thread.is_alive()
+                ),
                 1800,
                 f"batch {moment} accepted",
                 interval=0.05,
