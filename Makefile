@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo run test lint bench evaluate install install-torch
+.PHONY: demo run test faults lint bench evaluate install install-torch
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,14 @@ run: install
 # started them, and leaves running those it found running (launcher/testrun.py).
 test: install-torch
 	$(PY) -m launcher.testrun $(PYTEST_ARGS)
+
+# The fault suite (docs/faults.md), apart from `make test` (pyproject's addopts deselect it):
+# worker and beat killed, Redis stopped and wiped, every batch replayed, each with exact row
+# counts, over a 1,000,000-sample ingest (FAULTS_SAMPLES=100000 for a quicker pass). Run, and
+# its figures quoted, before every release. Same embedded-server handling as `make test`.
+FAULTS_ARGS ?=
+faults: install-torch
+	$(PY) -m launcher.testrun tests/faults -m faults -s $(FAULTS_ARGS)
 
 lint: install-torch
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,56 @@
+"""A Redis server of the test's own, on 127.0.0.1 and a free port (never the machine's
+shared one), which a test may stop, wipe and start again."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import redis
+
+from launcher.procs import free_port, wait_until
+from opsboard.embedded import redis_server_binary
+
+
+class PrivateRedis:
+    def __init__(self, data_dir: Path) -> None:
+        self.port, self.dir = free_port(), data_dir
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> PrivateRedis:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # an append-only file: a clean stop and start keeps the queued tasks, as a
+        # production Redis with persistence does
+        command = [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(self.port)]
+        command += ["--save", "", "--appendonly", "yes", "--dir", str(self.dir)]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        wait_until(self.up, 10, "the private Redis")
+        return self
+
+    def up(self) -> bool:
+        try:
+            return bool(redis.Redis(port=self.port, socket_connect_timeout=0.2).ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        """A clean shutdown: the append-only file holds everything."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)
+
+    def lose_everything(self) -> None:
+        """Killed, and its data gone with the disk: it comes back empty."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def keys(self) -> int:
+        return int(redis.Redis(port=self.port).dbsize())
