@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo run test faults lint bench evaluate install install-torch
+.PHONY: demo run test faults fuzz lint bench evaluate install install-torch
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,13 @@ test: install-torch
 FAULTS_ARGS ?=
 faults: install-torch
 	$(PY) -m launcher.testrun tests/faults -m faults -s $(FAULTS_ARGS)
+
+# Schemathesis over /api/v1/openapi.json: every operation as every identity (agent tokens,
+# viewer, operator, admin, anonymous), no server error, no schema break, no foreign object
+# (tests/api/test_schemathesis.py; docs/security.md). Minutes of CPU: apart from `make test`.
+FUZZ_ARGS ?=
+fuzz: install-torch
+	$(PY) -m launcher.testrun tests/api/test_schemathesis.py -m fuzz $(FUZZ_ARGS)
 
 lint: install-torch
 	$(VENV)/bin/ruff check .

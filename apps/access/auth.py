@@ -25,14 +25,16 @@ user_token_auth = UserTokenBearer()
 
 
 class SessionAuth(security.SessionAuth):
-    """Django's session, its CSRF rules checked as ninja's are, but only for a request that
-    carries a session cookie: one without (an agent's or a stranger's) is not this
-    credential, and gets the 401 of a missing credential, not a 403 for a missing CSRF
-    token (found by tests/api/test_schemathesis.py). The class keeps ninja's name: it names
-    the security scheme in the OpenAPI schema."""
+    """Django's session, its CSRF rules checked as ninja's are, but only for a request whose
+    session is logged in: one without a session cookie (an agent's or a stranger's), or
+    with a cookie that names no logged-in session, does not hold this credential, and gets
+    the 401 of a missing credential, not a 403 for a missing CSRF token (found by
+    tests/api/test_schemathesis.py). The class keeps ninja's name: it names the security
+    scheme in the OpenAPI schema."""
 
     def _get_key(self, request: HttpRequest) -> str | None:
-        if self.param_name not in request.COOKIES:
+        user = getattr(request, "user", None)
+        if self.param_name not in request.COOKIES or not (user and user.is_authenticated):
             return None
         return super()._get_key(request)
 

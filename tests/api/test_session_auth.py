@@ -31,6 +31,16 @@ def test_it_answers_401_to_an_agent_token_on_a_people_only_write(db):
         assert response.status_code == 401, path
 
 
+def test_a_cookie_that_names_no_logged_in_session_is_no_credential(db):
+    """An agent token beside a stale or made-up session cookie: 401, not a CSRF 403."""
+    _, secret = token_issue(cluster_name=f"c-{uuid.uuid4().hex[:8]}", name="agent")
+    client = Client(enforce_csrf_checks=True, headers={"Authorization": f"Bearer {secret}"})
+    client.cookies[settings.SESSION_COOKIE_NAME] = "made-up-session"
+    for path in WRITES:
+        response = client.post(path, {}, content_type="application/json")
+        assert response.status_code == 401, (path, response.content)
+
+
 def test_a_session_without_its_csrf_token_is_still_refused(db):
     token, _ = token_issue(cluster_name=f"c-{uuid.uuid4().hex[:8]}", name="agent")
     user = get_user_model().objects.create_user("csrf-operator")
