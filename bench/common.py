@@ -152,7 +152,8 @@ class BenchStack:
                     )
                 )
         for url in {self.url, self.ingest_url}:
-            wait_until(lambda url=url: http_ok(f"{url}/healthz"), 60, f"the web server {url}")
+            # 180 s: on a loaded shared host gunicorn took over 60 s to import Django
+            wait_until(lambda url=url: http_ok(f"{url}/healthz"), 180, f"the web server {url}")
         self._settle()
 
     def _settle(self, timeout: float = 30) -> None:

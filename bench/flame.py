@@ -1,5 +1,5 @@
 """Summarise a py-spy profile (`py-spy record --format raw`) as the tables of
-docs/performance.md: inclusive and self % per function, and % per component.
+docs/performance-history.md: inclusive and self % per function, and % per component.
 
     python bench/flame.py web.raw --keep handle_request
     python bench/flame.py celery.raw --keep fast_trace_task --top 20

@@ -42,6 +42,7 @@ from bench.common import (  # noqa: E402
 )
 from bench.load import (  # noqa: E402
     SECONDS_PER_BATCH,
+    SERIES_PER_NODE,
     ChartQuery,
     Probe,
     Senders,
@@ -65,6 +66,12 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=int(os.environ.get("BENCH_BATCHES", 3000)))
     parser.add_argument("--senders", type=int, default=6)
     parser.add_argument(
+        "--seconds-per-batch",
+        type=int,
+        default=SECONDS_PER_BATCH,
+        help="seconds of a 100-series node per batch (10: 1,000 samples; 1: an agent at 1 Hz)",
+    )
+    parser.add_argument(
         "--rate", type=float, default=0, help="offered samples/s (0: as fast as the server answers)"
     )
     parser.add_argument(
@@ -72,6 +79,11 @@ def main() -> int:
         type=int,
         default=3,
         help="gunicorn workers of the ingest pool, as deployed; 0: one pool for all (make run)",
+    )
+    parser.add_argument(
+        "--rates-only",
+        action="store_true",
+        help="print the rates and CPU per sample only: no raw COPY, disk or step-disk pass",
     )
     parser.add_argument("--web-workers", type=int, default=2, help="the pool for pages, reads")
     parser.add_argument("--worker-concurrency", type=int, default=2)
@@ -112,8 +124,8 @@ def main() -> int:
         ingest_sched_idle=args.ingest_sched == "idle",
         ingest_idle_group=args.ingest_group == "idle",
     )
-    stack.start()
     try:
+        stack.start()  # inside: a start that times out still stops what it started
         return run(args, stack, conninfo)
     finally:
         stack.stop()
@@ -126,14 +138,16 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     cookie = session_cookie(stack)
     per_sender = args.batches // args.senders
     base_ts = time.time() - 3 * 3600  # a finished past: compaction can seal it afterwards
-    print(f"preparing {per_sender * args.senders} batches of 1,000 samples...", flush=True)
-    bodies = [make_bodies(sender, per_sender, base_ts) for sender in range(args.senders)]
+    seconds = args.seconds_per_batch
+    per_batch = seconds * SERIES_PER_NODE  # samples in one batch
+    print(f"preparing {per_sender * args.senders} batches of {per_batch:,} samples...", flush=True)
+    bodies = [make_bodies(sender, per_sender, base_ts, seconds) for sender in range(args.senders)]
     total_batches = per_sender * args.senders
-    span = (per_sender // 16 + 1) * SECONDS_PER_BATCH
+    span = (per_sender // 16 + 1) * seconds
     chart = ChartQuery(stack, secret, base_ts, base_ts + span)
     idle = chart.sample(count=1)  # warm-up
 
-    senders = Senders(stack.ingest_url, secret, bodies, args.rate)
+    senders = Senders(stack.ingest_url, secret, bodies, args.rate, per_batch)
     probe = Probe(stack, secret, cookie, "bench")
     backlog: list[tuple[float, int, int]] = []  # (t, accepted rows, processed rows)
     watch_stop = threading.Event()
@@ -162,7 +176,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     chart_thread.join()
     inbox_wait_empty(conninfo)
     committed_at = time.monotonic()
-    cpu_us = meter.per_sample_us(total_batches * 1000)
+    cpu_us = meter.per_sample_us(total_batches * per_batch)
     probe.stop.set()
     watch_stop.set()
     for thread in threads:
@@ -170,20 +184,27 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     # the rollups of these samples are work of the same load: CPU counted until they are done
     rollups_wait_current(conninfo)
     rolled_at = time.monotonic()
-    cpu_rolled_us = meter.per_sample_us(total_batches * 1000)
+    cpu_rolled_us = meter.per_sample_us(total_batches * per_batch)
     chart.stop.clear()
     idle = chart.sample(count=max(20, len(chart_times)))
 
-    samples = total_batches * 1000
+    samples = total_batches * per_batch
     post_s = senders.last_post - senders.first_post
     e2e_s = committed_at - senders.first_post
-    accepted_rate = senders.accepted * 1000 / post_s
+    accepted_rate = senders.accepted * per_batch / post_s
     in_window = [b for b in backlog if senders.first_post <= b[0] <= senders.last_post]
     committed_rate = (
-        (in_window[-1][2] - in_window[0][2]) * 1000 / (in_window[-1][0] - in_window[0][0])
+        (in_window[-1][2] - in_window[0][2]) * per_batch / (in_window[-1][0] - in_window[0][0])
     )
     unprocessed = [b[1] - b[2] for b in in_window]
     half = len(unprocessed) // 2
+    if args.rates_only:  # a loaded host: the rate and CPU lines, minutes sooner
+        print(f"\ncelery concurrency {args.worker_concurrency}, {samples:,} samples")
+        print(f"end to end      {samples / e2e_s:12,.0f} samples/s  (first POST to last commit)")
+        for label, spent in (("to the last commit", cpu_us), ("rollups included", cpu_rolled_us)):
+            roles = ", ".join(f"{role} {us:.2f}" for role, us in spent.items())
+            print(f"CPU per sample  {label}: {roles}")
+        return 0
     raw_rate = raw_copy_rate(conninfo, samples_count=min(samples, 1_000_000))
     limiter_us = rate_limiter_cost(env=stack.env)
     stored = disk_per_sample(conninfo, stack)
@@ -195,7 +216,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
         f" + ingest pool {args.ingest_workers or 'none (one pool)'}, "
         f"celery concurrency {args.worker_concurrency}, ingest nice {args.ingest_nice}"
         f" and sched {ingest_sched(args)} in {ingest_group(stack)}, "
-        f"{total_batches} batches x 1,000 samples, "
+        f"{total_batches} batches x {per_batch:,} samples, "
         f"offered {'max' if not args.rate else f'{args.rate:,.0f} samples/s'}, "
         f"{senders.failed} failed posts"
     )

@@ -22,14 +22,17 @@ SECONDS_PER_BATCH = 10
 PROBE_INTERVAL_S = 1.2
 
 
-def make_bodies(sender: int, count: int, base_ts: float) -> list[bytes]:
-    """`count` 1,000-sample batches for this sender's own nodes, in time order."""
+def make_bodies(
+    sender: int, count: int, base_ts: float, seconds: int = SECONDS_PER_BATCH
+) -> list[bytes]:
+    """`count` batches of `seconds` × 100 samples (1,000 by default) for this sender's own
+    nodes, in time order. `seconds=1` is an agent's tick at 1 Hz: one point per series."""
     bodies = []
     for index in range(count):
         node = f"bench-{sender:02d}-{index % 16:02d}"
-        start = base_ts + (index // 16) * SECONDS_PER_BATCH
+        start = base_ts + (index // 16) * seconds
         samples = []
-        for second in range(SECONDS_PER_BATCH):
+        for second in range(seconds):
             ts = start + second
             for gpu in range(GPUS):
                 for metric in range(GPU_METRICS):
@@ -51,7 +54,14 @@ def make_bodies(sender: int, count: int, base_ts: float) -> list[bytes]:
 class Senders:
     """Concurrent posters; with `rate` (samples/s) they keep to that offered load."""
 
-    def __init__(self, url: str, secret: str, bodies: list[list[bytes]], rate: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        secret: str,
+        bodies: list[list[bytes]],
+        rate: float,
+        samples_per_batch: int = SECONDS_PER_BATCH * SERIES_PER_NODE,
+    ) -> None:
         self.address = urlsplit(url)
         # Agents post from hosts of their own; these senders share the stack's two cores, so
         # they spend as little as they can: every request is built here, before the clock
@@ -69,7 +79,7 @@ class Senders:
             [head + b"Content-Length: %d\r\n\r\n" % len(body) + body for body in sender]
             for sender in bodies
         ]
-        self.batch_interval = len(bodies) * 1000 / rate if rate else 0.0
+        self.batch_interval = len(bodies) * samples_per_batch / rate if rate else 0.0
         self.latencies: list[float] = []
         self.accepted = 0
         self.failed = 0

@@ -46,7 +46,7 @@ def server_commands(
     `ingest_nice` > 0 runs the ingest worker (and the ingest pool, when it has one) at that
     niceness: when the cores are saturated, page reads, detection and the live feed get the
     CPU first, and the excess waits durably in the inbox and the agents' spools (chart p95
-    under ingest ÷ idle 4.5–7.4 → 2.2–3.1 in bench/ingest.py, docs/performance.md). Their
+    under ingest ÷ idle 4.5–7.4 → 2.2–3.1 in bench/ingest.py, docs/performance-history.md). Their
     Postgres backends follow, and so does the database work of the maintenance passes, when the
     server is local (the INGEST_NICE setting, apps/core/db_nice.py).
 
@@ -54,14 +54,14 @@ def server_commands(
     niced task still keeps the CPU for the rest of its time slice when a page read wakes up
     (about 1.5 ms on two cores), and a chart request wakes up a dozen times (Django, then
     Postgres, per query): an idle-class task gives way at once. Chart p95 under ingest ÷
-    idle, median of 8 and 6 runs: 2.18 → 1.56, at the same ingest rate (docs/performance.md,
+    idle, median of 8 and 6 runs: 2.18 → 1.56, at the same ingest rate (docs/performance-history.md,
     "The sixth round"). The cost: on a host whose other work keeps every core busy, ingest
     waits for a free core (the backlog then waits durably in the inbox and the spools).
 
     `ingest_group` (launcher.cpu_group.idle_group_create) runs them in that idle cpu cgroup
     as well: the class orders the tasks of one scheduling group only, and Postgres and the
     stack are groups of their own (autogroup, a cgroup per service). Chart p95 under ingest
-    ÷ idle 1.5–2.3 → 1.1–1.3 (docs/performance.md, "The seventh round")."""
+    ÷ idle 1.5–2.3 → 1.1–1.3 (docs/performance-history.md, "The seventh round")."""
     python = sys.executable
     # Below INFO, the start-up banners go too (they came after the printed login).
     quiet = [] if log_level.upper() in ("DEBUG", "INFO") else ["--quiet"]

@@ -8,7 +8,7 @@ per service (systemd), Postgres's backends are one group and the stack another, 
 whose runnable tasks are all idle-class still competes with a page read's group at its full
 weight: a chart read under ingest then waits its turn at most of its dozen wake-ups (chart
 p95 under ingest ÷ idle 1.5–2.3 with the class alone, 1.1–1.3 in an idle group:
-docs/performance.md). A cpu cgroup with `cpu.idle` set (Linux 5.15) yields, as a whole,
+docs/performance-history.md). A cpu cgroup with `cpu.idle` set (Linux 5.15) yields, as a whole,
 to every other group: ingest's processes run in one, and their local Postgres backends
 follow them there (apps/core/db_nice.py).
 

@@ -150,7 +150,7 @@ DATABASES["default"]["OPTIONS"].setdefault(
     },
 )
 # Postgres's JIT compiled mid-size page reads for 10-270 ms each at 1,024 ranks, more than it
-# saved (docs/performance.md); DB_JIT=true gives it back.
+# saved (docs/performance-history.md); DB_JIT=true gives it back.
 if not envbool("DB_JIT", "false"):
     DATABASES["default"]["OPTIONS"].setdefault("options", "-c jit=off")
 DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME") or None}
@@ -200,7 +200,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Celery's Django fixup closes the connection pool of a prefork child after every task, so
 # each task forked a new Postgres backend (≈ 1 per drain: a fifth of the CPU under ingest,
-# docs/performance.md). With a reuse count it keeps the pool; opsboard.celery returns the
+# docs/performance-history.md). With a reuse count it keeps the pool; opsboard.celery returns the
 # connection to that pool after each task instead, dropping one that broke.
 CELERY_DB_REUSE_MAX = envint("CELERY_DB_REUSE_MAX", 1000)
 # Beat's periodic work has a queue of its own, consumed by a worker of its own (`make run`,

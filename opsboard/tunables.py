@@ -103,12 +103,12 @@ INGEST_MAX_RECORDS = envint("INGEST_MAX_RECORDS", 20_000)
 INGEST_SWEEP_AGE = envfloat("INGEST_SWEEP_AGE", 30.0)
 # How many inbox rows one worker transaction drains when a backlog builds up. A drain pays
 # a fixed cost (claim, node upserts, health merge, Redis, commit) that 40 rows share better
-# than 20: 2.8-3.1 -> 2.4 µs of worker CPU per sample (docs/performance.md).
+# than 20: 2.8-3.1 -> 2.4 µs of worker CPU per sample (docs/performance-history.md).
 INGEST_DRAIN_ROWS = envint("INGEST_DRAIN_ROWS", 40)
 # Backpressure (apps/ingest/services/backpressure.py): a POST waits up to the seconds while
 # more rows than this wait in the inbox, about a quarter of a second of draining at ~200
 # batches/s (live lag p99 303-357 ms at 48 rows with 40-row drains, 281-293 at 24 with 20;
-# docs/performance.md); 0: off. Above one drain's worth, so that a drain's claim is full.
+# docs/performance-history.md); 0: off. Above one drain's worth, so that a drain's claim is full.
 INGEST_BACKLOG_ROWS = envint("INGEST_BACKLOG_ROWS", 48)
 INGEST_BACKLOG_WAIT_S = envfloat("INGEST_BACKLOG_WAIT_S", 2.0)
 # One drain task is pending per queue at a time (a Redis flag, leased for this many seconds).
