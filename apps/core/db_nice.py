@@ -3,7 +3,7 @@
 The launcher runs the ingest pool and the ingest worker niced (INGEST_NICE), so that on
 saturated cores page reads, detection and the live feed get the CPU first. But a good part of
 ingest's CPU is spent in the Postgres backends that serve it, and those run at the server's
-niceness: under full ingest they took the chart query's share (docs/performance.md). So a
+niceness: under full ingest they took the chart query's share (docs/performance-history.md). So a
 niced process gives its niceness to each backend of its own, once, when the backend runs on
 this host and the OS lets it (the server's user, or root); a process under SCHED_IDLE (the
 launcher's INGEST_SCHED_IDLE) moves its backends to SCHED_IDLE too, and a process in an idle
