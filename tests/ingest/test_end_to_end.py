@@ -4,7 +4,6 @@ import time
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.test import Client
 
@@ -14,8 +13,8 @@ from apps.runs.models import RunEvent, StepReport
 from apps.telemetry.models import NodeHealth
 from apps.telemetry.selectors import chunk_storage
 from launcher.procs import wait_until
-from opsboard.asgi import application
 from tests.conftest import make_batch
+from tests.websockets import cluster_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -152,18 +151,7 @@ def test_a_posted_batch_reaches_a_websocket_client_as_a_numbered_delta(agent, ag
     wait_until(lambda: all_processed(agent_token[0]), 30, "the first batch")
 
     async def scenario():
-        communicator = WebsocketCommunicator(
-            application,
-            f"/ws/clusters/{cluster}/",
-            headers=[
-                (b"cookie", cookie),
-                (b"origin", b"http://127.0.0.1"),
-                (b"host", b"127.0.0.1"),
-            ],
-        )
-        connected, _ = await communicator.connect(timeout=10)
-        assert connected
-        snapshot = await communicator.receive_json_from(timeout=10)
+        communicator, snapshot = await cluster_socket(cluster, cookie)
         assert snapshot["type"] == "snapshot"
         assert [node["node"] for node in snapshot["nodes"]] == ["node-a"]
         batch = make_batch(node="node-b", samples=0)

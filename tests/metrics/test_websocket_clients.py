@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.test import Client, override_settings
 
-from opsboard.asgi import application
 from tests.metrics.scrape import AUTH, TOKEN, parse, value
+from tests.websockets import cluster_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -29,18 +28,7 @@ def test_it_counts_an_open_socket_until_it_closes(agent_token):
     before = clients()
 
     async def scenario() -> float:
-        communicator = WebsocketCommunicator(
-            application,
-            f"/ws/clusters/{cluster}/",
-            headers=[
-                (b"cookie", cookie),
-                (b"origin", b"http://127.0.0.1"),
-                (b"host", b"127.0.0.1"),
-            ],
-        )
-        connected, _ = await communicator.connect(timeout=10)
-        assert connected
-        await communicator.receive_json_from(timeout=10)  # the snapshot
+        communicator, _ = await cluster_socket(cluster, cookie)
         from asgiref.sync import sync_to_async
 
         during = await sync_to_async(clients)()
