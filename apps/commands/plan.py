@@ -22,8 +22,9 @@ run can resume elsewhere from what it saved before its node went down.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,10 +52,11 @@ def checkpoint_verdict(
     *,
     events: list[CheckpointEvent],
     served_nodes: set[int],
-    down_nodes: Mapping[int, str] | None = None,
+    down_nodes: Callable[[], Mapping[int, str]] | None = None,
 ) -> str | None:
     """Why the durable checkpoint these events describe may not be used; None if it may.
-    `down_nodes` (node id → name) names the down nodes in the why."""
+    `down_nodes()` (node id → name; asked only when a why could name one) names the down
+    nodes in the why."""
     paths = {event.path for event in events if event.path is not None}
     if len(paths) > 1:
         return f"its ranks name {len(paths)} different paths"
@@ -66,8 +68,9 @@ def checkpoint_verdict(
     if unfinished:
         why = f"rank {unfinished[0]} started saving it and has not completed"
         node_id = next(e.node_id for e in events if e.rank == unfinished[0])
-        if down_nodes and node_id in down_nodes:
-            why += f" (its node {down_nodes[node_id]} is down)"
+        down = down_nodes() if down_nodes else {}
+        if node_id in down:
+            why += f" (its node {down[node_id]} is down)"
         return why
     claimants = {e.node_id for e in events if e.state == "completed"}
     if len(served_nodes) > 1 and 2 * len(claimants & served_nodes) <= len(served_nodes):
@@ -119,11 +122,12 @@ def plan_checkpoint(*, run: Run) -> tuple[dict[str, Any] | None, list[dict[str, 
     """(the checkpoint the plan uses or None, the newer ones it passed over and why). Weighs
     the newest first and stops at the first usable one: one more query in the usual case."""
     skipped = []
-    down = dict(
-        Node.objects.filter(cluster_id=run.cluster_id, state=NodeState.DOWN).values_list(
-            "pk", "name"
-        )
-    )
+
+    @functools.cache
+    def down() -> dict[int, str]:  # a query only for a save some rank left unfinished
+        found = Node.objects.filter(cluster_id=run.cluster_id, state=NodeState.DOWN)
+        return dict(found.values_list("pk", "name"))
+
     for step, events in _candidates(run).items():
         path = next((e.path for e in events if e.path is not None), None)
         served = _served_nodes(run, step)
