@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from opsboard_agent.checkpoint_now import CheckpointRequests
@@ -19,8 +19,7 @@ class Checkpoints:
     commands: CommandPoller | None
     rank: int
 
-    def event(self, kind: str, *, ts: float | None = None, **fields: Any) -> None:
-        raise NotImplementedError  # the Reporter's
+    event: Callable[..., None]  # the Reporter's
 
     def request_checkpoint(self) -> None:
         """Ask for a checkpoint at the next step boundary (on rank 0; e.g. from a signal

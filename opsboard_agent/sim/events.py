@@ -5,7 +5,7 @@ schedule is a heap ordered by time, drained by `ClusterModel.advance`."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +38,7 @@ class EventSchedule:
     _seq: int
     _writing: dict[str, list[tuple[float, float]]]
 
-    def active(self, kind: str, t: float, **subject: object) -> Sequence[Fault]:
-        raise NotImplementedError
+    active: Callable[..., Sequence[Fault]]  # the model's
 
     def local_save_s(self, run: str, step: int) -> float:
         """How long the blocking local save of `run`'s checkpoint at `step` takes."""
