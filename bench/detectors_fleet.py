@@ -25,7 +25,7 @@ from typing import Any
 
 import bench.common as common
 from bench.common import LOG_DIR, ROOT, percentile, prepare_database
-from bench.pages_seed import _STEPS_SQL, UNLOGGED_TABLES
+from bench.pages_seed import _STEPS_SQL, UNLOGGED_TABLES, tables_unlogged
 
 GPUS, STEPS, WORKERS, WARM_UP_TICKS = 8, 130, 2, 2
 TELEMETRY_S = 600
@@ -65,8 +65,7 @@ def seed(*, conninfo: str, clusters: int, ranks: int, now: float, interval: floa
     metric_ids(names=METRICS)
     nodes_per_cluster = max(1, ranks // GPUS)
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        for table in UNLOGGED_TABLES:  # a scratch database: no WAL for the bulk tables
-            conn.execute(f"ALTER TABLE {table} SET UNLOGGED")
+        tables_unlogged(conn, UNLOGGED_TABLES)  # a scratch database: no WAL for bulk tables
         for index in range(clusters):
             cluster = Cluster.objects.create(name=f"bench-{index:03d}")
             nodes = Node.objects.bulk_create(

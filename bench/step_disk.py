@@ -55,6 +55,7 @@ def measure() -> dict[str, float]:
     from django.utils import timezone
 
     from apps.clusters.models import Cluster, Node
+    from apps.core.partitions import relation_bytes_sql
     from apps.runs.compaction import steps_compact
     from apps.runs.services import RunSeen, runs_touch, steps_store
 
@@ -77,7 +78,7 @@ def measure() -> dict[str, float]:
     with connection.cursor() as cursor:
         cursor.execute("VACUUM FULL runs_stepreport")
         cursor.execute(
-            "SELECT pg_total_relation_size('runs_stepreport')::float8 / count(*), count(*)"
+            f"SELECT {relation_bytes_sql('runs_stepreport')}::float8 / count(*), count(*)"
             " FROM runs_stepreport"
         )
         ingested, reports = cursor.fetchone()
@@ -86,7 +87,7 @@ def measure() -> dict[str, float]:
         cursor.execute("VACUUM FULL runs_stepchunk")
         cursor.execute("VACUUM FULL runs_stepreport")
         cursor.execute(
-            "SELECT pg_total_relation_size('runs_stepchunk')::float8 / sum(n), sum(n),"
+            f"SELECT {relation_bytes_sql('runs_stepchunk')}::float8 / sum(n), sum(n),"
             " (SELECT count(*) FROM runs_stepreport) FROM runs_stepchunk"
         )
         compacted, in_chunks, left_raw = cursor.fetchone()

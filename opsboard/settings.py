@@ -214,6 +214,7 @@ CELERY_TASK_ROUTES = {
         "alerts.evaluate_cluster",  # any periodic worker takes any cluster's pass
         "history.rollups_refresh",
         "history.prune",
+        "history.partitions_maintain",
         "telemetry.chunks_compact",
         "runs.steps_compact",
         "ingest.inbox_sweep",

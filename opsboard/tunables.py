@@ -83,6 +83,14 @@ HISTORY_PRUNE_BATCH = envint("HISTORY_PRUNE_BATCH", 20_000)
 HISTORY_PRUNE_MAX_BATCHES = envint("HISTORY_PRUNE_MAX_BATCHES", 50)
 beat_schedule["history-rollup"] = periodic("history.rollups_refresh", HISTORY_ROLLUP_INTERVAL)
 beat_schedule["history-prune"] = periodic("history.prune", HISTORY_PRUNE_INTERVAL)
+# The time tables' partitions (apps/history/services/retention.py) are made a week ahead and
+# dropped once expired, this often; a drop or a make waits at most this long for its lock on
+# the table (the next pass tries again), so that no reader queues the ingest behind it.
+PARTITIONS_MAINTAIN_INTERVAL = envfloat("PARTITIONS_MAINTAIN_INTERVAL", 3600.0)
+PARTITION_LOCK_TIMEOUT_MS = envint("PARTITION_LOCK_TIMEOUT_MS", 2000)
+beat_schedule["history-partitions"] = periodic(
+    "history.partitions_maintain", PARTITIONS_MAINTAIN_INTERVAL
+)
 # processed inbox rows, once their batch_id can no longer matter (apps/ingest/services/prune.py)
 beat_schedule["inbox-prune"] = periodic("ingest.inbox_prune", HISTORY_PRUNE_INTERVAL)
 # Step reports move into per-rank columnar chunks (apps/runs/compaction.py) of this many

@@ -12,6 +12,7 @@ import numpy as np
 from django.db import connection
 
 from apps.core.codec import floats_decode, ints_decode
+from apps.core.partitions import relation_bytes_sql
 from apps.telemetry.models import HOST_GPU, NodeHealth
 
 # The agent stores every scraped series that is not a core contract metric as
@@ -169,7 +170,7 @@ def chunk_storage() -> dict[str, int]:
     """Bytes on disk of the chunk table (heap, TOAST and indexes) and the samples it holds."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pg_total_relation_size('telemetry_chunk'),"
+            f"SELECT {relation_bytes_sql('telemetry_chunk')},"
             " (SELECT coalesce(sum(n), 0) FROM telemetry_chunk),"
             " (SELECT count(*) FROM telemetry_chunk)"
         )

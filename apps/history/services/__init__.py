@@ -309,58 +309,21 @@ GROUP BY run_id
 """
 
 
-@dataclass(frozen=True)
-class PruneTarget:
-    table: str
-    expired: str  # SQL condition on %(cutoff)s; must be able to use the table's BRIN index
-    retention_setting: str
-
-
-PRUNE_TARGETS = (
-    PruneTarget("telemetry_chunk", "t0 < %(cutoff)s AND t1 < %(cutoff)s", "RAW"),
-    PruneTarget("runs_stepreport", "ts < %(cutoff)s", "RAW"),
-    PruneTarget("runs_stepchunk", "t0 < %(cutoff)s AND t1 < %(cutoff)s", "RAW"),
-    PruneTarget("history_sample_1m", "bucket < %(cutoff)s", "1M"),
-    PruneTarget("history_step_10s", "bucket < %(cutoff)s", "10S"),
-    PruneTarget("history_runstep_10s", "bucket < %(cutoff)s", "10S"),
-    PruneTarget("history_step_1m", "bucket < %(cutoff)s", "1M"),
-    PruneTarget("history_runstep_1m", "bucket < %(cutoff)s", "1M"),
-    PruneTarget("history_step_10m", "bucket < %(cutoff)s", "10M"),
-    PruneTarget("history_sample_1h", "bucket < %(cutoff)s", "1H"),
-    PruneTarget("history_step_1h", "bucket < %(cutoff)s", "1H"),
-    PruneTarget("history_runstep_1h", "bucket < %(cutoff)s", "1H"),
+# Retention lives in its own module; these names are where callers have always found them.
+from apps.history.services.retention import (  # noqa: E402
+    PruneTarget,
+    history_prune,
+    partitions_maintain,
+    table_prune,
 )
 
-
-def history_prune(*, now: datetime) -> dict[str, int]:
-    """Delete rows older than their resolution's retention
-    (HISTORY_<RAW|10S|1M|10M|1H>_RETENTION_DAYS; 0 keeps them forever), in batches of
-    HISTORY_PRUNE_BATCH rows, a transaction each, at most HISTORY_PRUNE_MAX_BATCHES per table
-    per call. Returns rows deleted per table."""
-    deleted: dict[str, int] = {}
-    for target in PRUNE_TARGETS:
-        days = getattr(settings, f"HISTORY_{target.retention_setting}_RETENTION_DAYS")
-        if days:
-            deleted[target.table] = table_prune(target=target, cutoff=now - timedelta(days=days))
-    return deleted
-
-
-def table_prune(*, target: PruneTarget, cutoff: datetime) -> int:
-    """Delete `target`'s rows expired at `cutoff`: HISTORY_PRUNE_BATCH rows a transaction, at
-    most HISTORY_PRUNE_MAX_BATCHES transactions (the next call goes on)."""
-    batch = settings.HISTORY_PRUNE_BATCH
-    sql = (
-        f"DELETE FROM {target.table} WHERE ctid = ANY(ARRAY("
-        f"SELECT ctid FROM {target.table} WHERE {target.expired} LIMIT %(batch)s))"
-    )
-    total = 0
-    for _ in range(settings.HISTORY_PRUNE_MAX_BATCHES):
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(sql, {"cutoff": cutoff, "batch": batch})
-            deleted = cursor.rowcount
-        total += deleted
-        if deleted < batch:
-            break
-    if total:
-        logger.info("pruned %s rows of %s older than %s", total, target.table, cutoff)
-    return total
+__all__ = [
+    "PruneTarget",
+    "history_prune",
+    "partitions_maintain",
+    "rollups_rebuild",
+    "rollups_refresh",
+    "runs_mark_dirty",
+    "series_mark_dirty",
+    "table_prune",
+]
