@@ -219,6 +219,10 @@ CELERY_TASK_ROUTES = {
         "runs.steps_compact",
         "ingest.inbox_sweep",
         "ingest.inbox_prune",
+        "runs.events_prune",
+        "alerts.prune",
+        "commands.prune",
+        "access.logins_prune",
         "commands.sweep",
         # scheduler hooks: off the request path, never behind a backlog of ingest
         "commands.node_carry_out",

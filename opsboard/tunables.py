@@ -104,6 +104,35 @@ STEP_COMPACT_KEEP_STEPS = envint("STEP_COMPACT_KEEP_STEPS", 200)
 STEP_COMPACT_INTERVAL = envfloat("STEP_COMPACT_INTERVAL", 60.0)
 beat_schedule["steps-compact"] = periodic("runs.steps_compact", STEP_COMPACT_INTERVAL)
 
+# --- Retention of everything else that grows (docs/operations.md, Retention) --------------
+# Days kept; 0 or empty keeps them forever. Pruned by beat's retention tasks every
+# RETENTION_INTERVAL seconds, RETENTION_BATCH rows a statement (a transaction each), at most
+# RETENTION_MAX_BATCHES statements per table and pass (the next pass goes on).
+# Run events: those of runs neither stepping nor ended for this long, and node events (no run).
+RUN_EVENTS_RETENTION_DAYS = float(env("RUN_EVENTS_RETENTION_DAYS", "90") or 0)
+# ... and within a run, the newest this many of each kind (the newest checkpoint of each tier
+# and state is always kept: staleness needs it); 0: no cap.
+RUN_EVENTS_MAX_PER_RUN = envint("RUN_EVENTS_MAX_PER_RUN", 10_000)
+# Resolved alerts (with their webhook deliveries); firing and acknowledged ones stay.
+ALERTS_RETENTION_DAYS = float(env("ALERTS_RETENTION_DAYS", "180") or 0)
+# Webhook deliveries, by their creation (none is attempted after a day).
+WEBHOOK_DELIVERIES_RETENTION_DAYS = float(env("WEBHOOK_DELIVERIES_RETENTION_DAYS", "30") or 0)
+# Finished commands (succeeded, failed, expired: by finished_at) with their transitions.
+COMMANDS_RETENTION_DAYS = float(env("COMMANDS_RETENTION_DAYS", "180") or 0)
+# Successful and failed logins (django-axes' access logs); expired sessions go at every pass.
+LOGIN_LOG_RETENTION_DAYS = float(env("LOGIN_LOG_RETENTION_DAYS", "90") or 0)
+# The audit log: pruned only by `manage.py audit_prune` run as the table's owner (cron), never
+# by the running services (docs/security.md); AUDIT_PRUNE_BATCH entries a statement.
+AUDIT_RETENTION_DAYS = float(env("AUDIT_RETENTION_DAYS", "400") or 0)
+AUDIT_PRUNE_BATCH = envint("AUDIT_PRUNE_BATCH", 10_000)
+RETENTION_INTERVAL = envfloat("RETENTION_INTERVAL", 3600.0)
+RETENTION_BATCH = envint("RETENTION_BATCH", 5_000)
+RETENTION_MAX_BATCHES = envint("RETENTION_MAX_BATCHES", 100)
+beat_schedule["run-events-prune"] = periodic("runs.events_prune", RETENTION_INTERVAL)
+beat_schedule["alerts-prune"] = periodic("alerts.prune", RETENTION_INTERVAL)
+beat_schedule["commands-prune"] = periodic("commands.prune", RETENTION_INTERVAL)
+beat_schedule["logins-prune"] = periodic("access.logins_prune", RETENTION_INTERVAL)
+
 # --- Ingest ------------------------------------------------------------------------------
 INGEST_MAX_BODY_BYTES = envint("INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024)
 INGEST_MAX_RECORDS = envint("INGEST_MAX_RECORDS", 20_000)

@@ -1,9 +1,12 @@
 import time
+from dataclasses import asdict
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from apps.alerts import services
+from apps.core.db_nice import background_db
 
 
 @shared_task(name="alerts.evaluate_all", ignore_result=True)
@@ -16,6 +19,13 @@ def evaluate_all() -> int:
 def evaluate_cluster(cluster_id: int) -> bool:
     """One cluster's pass, under its own lock (skipped while its previous pass runs)."""
     return services.alerts_evaluate_cluster(cluster_id=cluster_id, now=time.time())
+
+
+@shared_task(name="alerts.prune", ignore_result=True)
+def prune() -> dict[str, int]:
+    """Resolved alerts and webhook deliveries past their retention (beat, RETENTION_INTERVAL)."""
+    with background_db():
+        return asdict(services.alerts_prune(now=timezone.now()))
 
 
 @shared_task(

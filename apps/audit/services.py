@@ -1,9 +1,13 @@
-"""Writing the audit log (apps.audit.models.AuditEntry): one row per attempted action."""
+"""Writing the audit log (apps.audit.models.AuditEntry): one row per attempted action, and
+pruning it past its retention (as the table's owner only: `manage.py audit_prune`)."""
 
 import uuid
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
+import pgtrigger
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
@@ -98,3 +102,48 @@ def _request_id(request: HttpRequest | None) -> str:
         given = request.META.get(REQUEST_ID_HEADER, "")[:REQUEST_ID_MAX]
         request.audit_request_id = given if given.isprintable() and given else uuid.uuid4().hex
     return request.audit_request_id
+
+
+# The append-only trigger's URI for pgtrigger.ignore (the TRUNCATE trigger stays on).
+APPEND_ONLY_TRIGGER = "audit.AuditEntry:audit_append_only"
+PRUNE_SQL = (
+    "DELETE FROM audit_auditentry WHERE id = ANY(ARRAY("
+    "SELECT id FROM audit_auditentry WHERE at < %s ORDER BY at, id LIMIT %s))"
+)  # positional: pgtrigger.ignore prefixes a statement of its own with one
+
+
+def audit_prune(
+    *, cutoff: datetime, batch: int, max_batches: int, using: str = DEFAULT_DB_ALIAS
+) -> AuditEntry:
+    """Delete the entries older than `cutoff`, then append one entry recording it (action
+    "audit.prune", actor kind "system": cutoff, entries deleted, whether older ones remain),
+    all in one transaction: the log never loses entries without saying so. At most
+    `max_batches` statements of `batch` entries; what remains goes at the next run.
+
+    Only the table's owner can: it skips the append-only trigger (pgtrigger.ignore), and the
+    runtime role holds no DELETE on the table (docs/security.md): as that role the first
+    DELETE fails with a permission error and the transaction deletes nothing. Returns the
+    recording entry."""
+    deleted, more = 0, False
+    # the ignore outside the transaction: its clean-up would fail in a transaction aborted
+    # by a refused DELETE (and hide the refusal); its setting is local to the transaction
+    with (
+        pgtrigger.ignore(APPEND_ONLY_TRIGGER, databases=[using]),
+        transaction.atomic(using=using),
+    ):
+        with connections[using].cursor() as cursor:
+            for _ in range(max_batches):
+                cursor.execute(PRUNE_SQL, [cutoff, batch])
+                deleted += cursor.rowcount
+                more = cursor.rowcount == batch
+                if not more:
+                    break
+        return AuditEntry.objects.using(using).create(
+            at=timezone.now(),
+            actor_kind=ActorKind.SYSTEM,
+            actor_name="audit_prune",
+            action=AuditAction.AUDIT_PRUNE,
+            target="audit_auditentry",
+            outcome=Outcome.SUCCEEDED,
+            detail={"cutoff": cutoff.isoformat(), "deleted": deleted, "more": more},
+        )

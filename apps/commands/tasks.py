@@ -1,6 +1,8 @@
 from celery import shared_task
+from django.utils import timezone
 
 from apps.commands import services
+from apps.core.db_nice import background_db
 
 
 @shared_task(name="commands.sweep", ignore_result=True)
@@ -28,3 +30,10 @@ def scheduler_states_poll_all() -> int:
 def scheduler_states_poll(cluster_id: int) -> None:
     """Run a cluster's scheduler state hook and mark its down nodes (periodic queue)."""
     services.scheduler_states_poll(cluster_id=cluster_id)
+
+
+@shared_task(name="commands.prune", ignore_result=True)
+def prune() -> int:
+    """Finished commands past COMMANDS_RETENTION_DAYS (beat, RETENTION_INTERVAL)."""
+    with background_db():
+        return services.commands_prune(now=timezone.now())

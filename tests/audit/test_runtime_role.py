@@ -7,7 +7,7 @@ import uuid
 import psycopg
 import pytest
 from django.db import connection
-from psycopg import errors, sql
+from psycopg import errors
 
 from apps.audit.models import AuditEntry
 
@@ -30,29 +30,6 @@ INSERT INTO audit_auditentry (at, actor_kind, actor_name, action, cluster_name, 
 VALUES (now(), 'user', 'runtime', 'role.test', '', %s, '', 'allowed', '{}', '')
 RETURNING id
 """
-
-
-@pytest.fixture
-def runtime_role(transactional_db):
-    """A login role granted what docs/security.md grants on the audit table, and nothing
-    else of it; dropped after the test."""
-    role = f"opsboard_runtime_{uuid.uuid4().hex[:8]}"
-    name = sql.Identifier(role)
-    with connection.cursor() as cursor:
-        cursor.execute(sql.SQL("CREATE ROLE {} LOGIN").format(name).as_string())
-        cursor.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(name).as_string())
-        cursor.execute(
-            sql.SQL("GRANT SELECT, INSERT ON audit_auditentry TO {}").format(name).as_string()
-        )
-        cursor.execute(
-            sql.SQL("GRANT USAGE ON SEQUENCE audit_auditentry_id_seq TO {}")
-            .format(name)
-            .as_string()
-        )
-    yield role
-    with connection.cursor() as cursor:
-        cursor.execute(sql.SQL("DROP OWNED BY {}").format(name).as_string())
-        cursor.execute(sql.SQL("DROP ROLE {}").format(name).as_string())
 
 
 def connect_as(role: str) -> psycopg.Connection:

@@ -41,6 +41,7 @@ from apps.alerts.selectors import (
 )
 from apps.alerts.services.announce import alerts_announce
 from apps.alerts.services.periodic import pass_lock, periodic_skip_count
+from apps.alerts.services.retention import AlertsPruned, alerts_prune
 from apps.alerts.services.webhooks import (  # re-exported: the services' one entry point
     WEBHOOK_DELIVER_TASK,
     WEBHOOK_SWEEP_AGE_S,
@@ -58,10 +59,12 @@ from apps.runs.models import Run
 from detectors.types import Finding
 
 __all__ = [
+    "AlertsPruned",
     "PERIODIC_SKIPS_KEY",
     "WEBHOOK_DELIVER_TASK",
     "WEBHOOK_SWEEP_AGE_S",
     "WebhookFailed",
+    "alerts_prune",
     "periodic_skip_count",
     "slack_escape",
     "webhook_deliver",

@@ -26,6 +26,7 @@ from apps.commands.services.node_commands import (
 from apps.commands.services.nodes import HookFailed, hook_argv, node_cordon, node_uncordon
 from apps.commands.services.policy import critical_finding, policy_apply
 from apps.commands.services.reactions import commands_sweep
+from apps.commands.services.retention import commands_prune
 from apps.commands.services.scheduler_states import (
     scheduler_states_poll,
     scheduler_states_poll_all,
@@ -47,6 +48,7 @@ __all__ = [
     "command_issue",
     "command_transition",
     "commands_deliver",
+    "commands_prune",
     "commands_sweep",
     "critical_finding",
     "idempotency_scope",
