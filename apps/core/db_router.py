@@ -52,6 +52,15 @@ def replica_reads_active() -> bool:
     return reads is not None and reads.allowed and reads.active and not reads.wrote
 
 
+def read_alias() -> str:
+    """The database a selector's own SQL reads (it bypasses the router): "replica" where a
+    model's read would go there, else "default". For telemetry, runs and history only;
+    never for a role or a token."""
+    if not replica_reads_active() or REPLICA not in settings.DATABASES:
+        return DEFAULT_DB_ALIAS
+    return DEFAULT_DB_ALIAS if connections[DEFAULT_DB_ALIAS].in_atomic_block else REPLICA
+
+
 def _on_primary_only(model: Any) -> bool:
     meta = model._meta
     return meta.app_label in PRIMARY_APPS or meta.label_lower in PRIMARY_MODELS

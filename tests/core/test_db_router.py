@@ -15,6 +15,7 @@ from apps.core.db_router import (
     STICKY_COOKIE,
     ReplicaMiddleware,
     ReplicaRouter,
+    read_alias,
     replica_reads,
 )
 
@@ -91,3 +92,10 @@ def test_it_reads_inside_an_atomic_block_from_the_primary() -> None:
 def test_it_migrates_the_primary_only() -> None:
     assert router.allow_migrate("default", "clusters") is True
     assert router.allow_migrate("replica", "clusters") is False
+
+
+def test_a_selectors_own_sql_reads_the_primary_where_no_replica_is_configured() -> None:
+    # the router's answer inside a marked GET is "replica"; raw SQL must not name a
+    # database that this deployment does not have
+    seen, _ = _serve(RequestFactory().get("/"), lambda: (router.db_for_read(Node), read_alias()))
+    assert seen == [("replica", "default")]

@@ -35,6 +35,8 @@ SETUP = f"""
 from django.contrib.auth.models import User
 from apps.access.models import ClusterRole
 from apps.clusters.models import Cluster, Node
+from apps.telemetry.models import Metric
+Metric.objects.get_or_create(name="gpu.util")
 user = User.objects.create_user("reader", password="{PASSWORD}")
 for name in ("alpha", "beta"):
     cluster = Cluster.objects.create(name=name)
@@ -172,6 +174,10 @@ def test_it_reads_pages_from_the_replica_and_a_writer_from_the_primary(web: Pair
         " cordon_reason) SELECT id, 'alpha-node-new', '{}', 'active', true, '', ''"
         " FROM clusters_cluster WHERE name = 'alpha'"
     )
+    web.on_primary(
+        "INSERT INTO telemetry_nodehealth (node_id, gpu, ts, values) SELECT id, -1, now(),"
+        """ '{"gpu.util": 50}' FROM clusters_node WHERE name = 'alpha-node-old'"""
+    )
     time.sleep(0.3)  # the WAL reaches the replica, which holds it unreplayed
 
     # (a) the page and the list API read the replica: the new node is not there yet
@@ -180,7 +186,11 @@ def test_it_reads_pages_from_the_replica_and_a_writer_from_the_primary(web: Pair
     assert "alpha-node-new" not in page.text
     series = reader.get("/api/v1/nodes/alpha-node-new/series", params={"cluster": "alpha"})
     assert series.status_code == 404, series.text
+    # ... the selectors' own SQL too: the series is not known there yet
+    known = {"node": "alpha-node-old", "metric": "gpu.util", "cluster": "alpha"}
+    assert reader.get("/api/v1/series", params=known).status_code == 404
     # ... while the client that just wrote reads the primary, and sees it
+    assert writer.get("/api/v1/series", params=known).status_code == 200
     assert "alpha-node-new" in writer.get("/clusters/alpha/").text
     fresh = writer.get("/api/v1/nodes/alpha-node-new/series", params={"cluster": "alpha"})
     assert fresh.status_code == 200, fresh.text
