@@ -109,7 +109,7 @@ def replica_reads(view: Callable[..., Any]) -> Callable[..., Any]:
 
 class ReplicaMiddleware:
     """Allows replica reads for a GET or HEAD from a client without a recent write, and
-    makes a client that wrote read from the primary for REPLICA_STICKY_SECONDS (a cookie):
+    makes a browser that wrote read from the primary for REPLICA_STICKY_SECONDS (a cookie):
     after a POST, the page it redirects to shows the action just taken."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -123,7 +123,9 @@ class ReplicaMiddleware:
             response = self.get_response(request)
         finally:
             _reads.reset(token)
-        if reads.wrote or request.method not in SAFE_METHODS:
+        # a browser's (it sent a cookie: the session's, or the CSRF token's of a login form);
+        # an agent or a token client keeps no cookie, and its answer carries none
+        if request.COOKIES and (reads.wrote or request.method not in SAFE_METHODS):
             seconds = settings.REPLICA_STICKY_SECONDS
             response.set_cookie(
                 STICKY_COOKIE,

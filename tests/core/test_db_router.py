@@ -55,10 +55,21 @@ def test_it_reads_who_may_do_what_from_the_primary(model) -> None:
     assert seen == [None]
 
 
+def _browser(request: HttpRequest) -> HttpRequest:
+    request.COOKIES["sessionid"] = "x"
+    return request
+
+
 def test_it_reads_a_post_from_the_primary_and_makes_its_client_sticky() -> None:
-    seen, response = _serve(RequestFactory().post("/"), lambda: router.db_for_read(Node))
+    post = _browser(RequestFactory().post("/"))
+    seen, response = _serve(post, lambda: router.db_for_read(Node))
     assert seen == [None]
     assert response.cookies[STICKY_COOKIE]["max-age"] > 0
+
+
+def test_it_sets_no_cookie_for_an_agent_that_posts() -> None:
+    _, response = _serve(RequestFactory().post("/api/v1/ingest"), lambda: None)
+    assert STICKY_COOKIE not in response.cookies
 
 
 def test_it_reads_a_sticky_client_from_the_primary() -> None:
@@ -73,7 +84,7 @@ def test_it_reads_after_a_write_from_the_primary_and_makes_its_client_sticky() -
         assert router.db_for_write(Cluster) == "default"
         return router.db_for_read(Node)
 
-    seen, response = _serve(RequestFactory().get("/"), write_then_read)
+    seen, response = _serve(_browser(RequestFactory().get("/")), write_then_read)
     assert seen == [None]
     assert STICKY_COOKIE in response.cookies
 
