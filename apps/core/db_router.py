@@ -1,4 +1,4 @@
-"""Reads from a streaming replica, where they may be a little stale (docs/scaling.md).
+"""Reads from a streaming replica, where they may be a little stale (docs/operations.md).
 
 The router sends a read to the "replica" database only inside a request that
 `ReplicaMiddleware` allowed (a GET or HEAD, from a client that has not written in the last
