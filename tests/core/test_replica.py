@@ -231,10 +231,12 @@ IN_RECOVERY = (
 )
 
 
-def test_the_embedded_default_runs_a_replica_and_stops_it_with_the_rest(
-    tmp_path, monkeypatch
-) -> None:
-    var = tmp_path / "var"
+def test_the_embedded_default_runs_a_replica_and_stops_it_with_the_rest(monkeypatch) -> None:
+    # Not under pytest's tmp_path: another pytest session of this user makes its parent
+    # private again at its start, and the servers' own user (under root) must reach it.
+    base = Path(tempfile.mkdtemp(prefix="obemb-", dir="/tmp"))
+    base.chmod(0o755)
+    var = base / "var"
     monkeypatch.setenv("OPSBOARD_VAR_DIR", str(var))
     env = {**os.environ, "OPSBOARD_EMBEDDED_REPLICA": "1"}
     for name in ("DATABASE_URL", "DATABASE_REPLICA_URL"):
@@ -248,4 +250,7 @@ def test_the_embedded_default_runs_a_replica_and_stops_it_with_the_rest(
         assert embedded.servers_running() >= {"postgres", "replica"}
     finally:
         embedded.stop(embedded.servers_running())  # as launcher.testrun does
-    assert processes_under(var) == []
+    try:
+        assert processes_under(var) == []
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
