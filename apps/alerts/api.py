@@ -16,6 +16,7 @@ from apps.alerts.services import (
 )
 from apps.clusters.models import Cluster
 from apps.core.bounds import NAME_MAX_LENGTH
+from apps.core.db_router import replica_reads
 from apps.core.errors import Errors, FieldError
 from apps.core.middleware import NUL_MESSAGE
 from apps.core.params import CLUSTER_MAX_LENGTH, timestamp_field
@@ -72,6 +73,7 @@ class AckIn(Schema):
     response={200: AlertsOut, 400: Errors, 401: Errors, 404: Errors},
     summary="The cluster's alerts, newest first",
 )
+@replica_reads
 def alerts(request: HttpRequest, query: Query[AlertsQuery]):
     token = getattr(request, "agent_token", None)
     if token is not None:

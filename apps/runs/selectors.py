@@ -6,8 +6,9 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connections
 
+from apps.core.db_router import read_alias
 from apps.core.times import to_datetime, to_seconds
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
@@ -73,7 +74,7 @@ def _tokens_per_s(run: Run) -> float | None:
     # a run that stopped stepping may have had part of its last minute compacted
     since = run.last_step_at - timedelta(seconds=THROUGHPUT_WINDOW_S)
     source, chunked = steps_source(run_id=run.id, start=since)
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(
             "SELECT sum(tokens), extract(epoch FROM max(ts) - min(ts))::float8,"
             f" count(DISTINCT step) FROM {source} AS steps"
@@ -92,7 +93,7 @@ def _nodes(run: Run) -> list[str]:
     now; a (run_id, step) index range: 2.5 k reports at 256 ranks)."""
     if run.last_step is None:
         return []
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(
             "SELECT DISTINCT n.name FROM runs_stepreport s JOIN clusters_node n ON n.id = s.node_id"
             " WHERE s.run_id = %s AND s.step > %s ORDER BY n.name",
@@ -117,7 +118,7 @@ def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
     events = [event_row(event, {}) for event in recent]
     # the restart events, and the one inferred from the step counter going back
     restarts = restarts_of(events, to_seconds(run.timeline_after))
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(
             _COMPLETIONS_SQL,
             {
@@ -215,7 +216,7 @@ def run_rank_places(*, run: Run) -> dict[int, tuple[str, int | None]]:
     One query on the (run_id, step) index."""
     if run.last_step is None:
         return {}
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(_RANK_PLACES_SQL, {"run": run.id, "after": run.last_step - PLACE_STEPS})
         return {rank: (node, gpu) for rank, node, gpu in cursor.fetchall()}
 
@@ -284,7 +285,7 @@ def rank_stage_history(
     caller bounds the range. One query."""
     width = max(1.0, math.ceil((end - start) / max(1, buckets)))
     source, chunked = steps_source(run_id=run.id, start=to_datetime(start), end=to_datetime(end))
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(
             _RANK_STAGES_SQL.format(steps=source),
             {"run": run.id, "rank": rank, "start": start, "end": end, "width": width, **chunked},
@@ -314,7 +315,7 @@ def run_names_by_node(*, runs: list[Run]) -> dict[int, list[str]]:
     # run: with the bound taken from runs_run in a join it estimated a third of the table and
     # read all of it (1.5 s at 1,024 ranks).
     bounds = " OR ".join(["(run_id = %s AND step > %s)"] * len(after))
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(
             f"SELECT DISTINCT node_id, run_id FROM runs_stepreport WHERE {bounds}",
             [value for bound in after.items() for value in bound],

@@ -9,6 +9,7 @@ from apps.access.auth import reader_auth
 from apps.access.selectors import request_cluster_filter
 from apps.clusters.models import Node
 from apps.core.bounds import GPU_MAX, METRIC_MAX_LENGTH, NAME_MAX_LENGTH
+from apps.core.db_router import replica_reads
 from apps.core.errors import Errors, FieldError
 from apps.core.params import CLUSTER_MAX_LENGTH, timestamp_field
 from apps.telemetry.models import Metric
@@ -102,6 +103,7 @@ def _unknown_series(node_id: int, query: SeriesQuery) -> FieldError:
 @router.get(
     "/series", auth=reader_auth, response={200: SeriesOut, 400: Errors, 401: Errors, 404: Errors}
 )
+@replica_reads
 def series(request: HttpRequest, query: Query[SeriesQuery]):
     end = query.end if query.end is not None else time.time()
     start = query.start if query.start is not None else end - DEFAULT_RANGE_S
@@ -161,6 +163,7 @@ class NodeSeriesOut(Schema):
     auth=reader_auth,
     response={200: NodeSeriesOut, 400: Errors, 401: Errors, 404: Errors},
 )
+@replica_reads
 def node_series(request: HttpRequest, name: str, query: Query[NodeSeriesQuery]):
     """Every series the node has sent: the sources with their counts, and the series (of
     `source` only, when given)."""

@@ -9,9 +9,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from django.db import connection
+from django.db import connections
 
 from apps.core.codec import floats_decode, ints_decode
+from apps.core.db_router import read_alias
 from apps.core.partitions import relation_bytes_sql
 from apps.telemetry.models import HOST_GPU, NodeHealth
 
@@ -89,7 +90,7 @@ def series_read(
         "end": end,
         "step": step,
     }
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(_CHUNKS_SQL, params)
         rows = cursor.fetchall()
     parts = [chunk_points(row[0], *row[6:]) for row in rows if not row[5]]
@@ -139,7 +140,7 @@ def series_points(
 ) -> dict[tuple[int, int, int], list[tuple[float, float]]]:
     """(node id, metric id, gpu) → its (ts, value) points in [start, end), in time order,
     of every series of these nodes and metrics that has some (one query)."""
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(
             _MANY_SQL, {"nodes": node_ids, "metrics": metric_ids, "start": start, "end": end}
         )
@@ -160,7 +161,7 @@ def series_points(
 
 
 def metric_id_get(*, name: str) -> int | None:
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute("SELECT id FROM telemetry_metric WHERE name = %s", [name])
         row = cursor.fetchone()
     return row[0] if row else None
@@ -168,7 +169,7 @@ def metric_id_get(*, name: str) -> int | None:
 
 def chunk_storage() -> dict[str, int]:
     """Bytes on disk of the chunk table (heap, TOAST and indexes) and the samples it holds."""
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(
             f"SELECT {relation_bytes_sql('telemetry_chunk')},"
             " (SELECT coalesce(sum(n), 0) FROM telemetry_chunk),"
@@ -234,7 +235,7 @@ def series_known(*, node_id: int, metric: str, metric_id: int, gpu: int | None) 
     """Whether the node ever sent this series: its latest-health row names it, or (data
     written around the ingest path, e.g. seeded) a chunk of it exists."""
     gpu_key = HOST_GPU if gpu is None else gpu
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(
             "SELECT EXISTS (SELECT 1 FROM telemetry_nodehealth"
             "  WHERE node_id = %(node)s AND gpu = %(gpu)s AND values ? %(metric)s)"
@@ -247,7 +248,7 @@ def series_known(*, node_id: int, metric: str, metric_id: int, gpu: int | None) 
 
 def source_known(*, node_id: int, source: str) -> bool:
     """Whether the node ever sent a series scraped from target `source`."""
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(
             "SELECT EXISTS (SELECT 1 FROM telemetry_nodehealth h, jsonb_object_keys(h.values) k"
             " WHERE h.node_id = %s AND starts_with(k, %s))",

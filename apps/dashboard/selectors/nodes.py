@@ -6,11 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connections
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
 from apps.clusters.models import Cluster, Node
+from apps.core.db_router import read_alias
 from apps.ingest.models import InboxBatch
 from apps.runs.models import RunEvent
 from apps.runs.selectors import NODES_STEPS
@@ -91,7 +92,7 @@ ORDER BY r.last_step_at DESC, r.name, s.rank
 def node_runs(*, node: Node, since: float, limit: int = NODE_RUNS_MAX) -> list[dict[str, Any]]:
     """The runs that stepped since `since` with ranks on this node (newest step first):
     {"name", "state", "last_step_at", "ranks": [{"rank", "gpu"}]}. One query."""
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(
             _NODE_RANKS,
             {

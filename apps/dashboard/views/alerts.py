@@ -29,6 +29,7 @@ from apps.alerts.services import (
     alert_acknowledge_authorize,
     alert_acknowledge_hidden,
 )
+from apps.core.db_router import replica_reads
 from apps.dashboard.charts import alert as alert_charts
 from apps.dashboard.charts.alert import AlertWindow
 from apps.dashboard.selectors.alerts import alert_kinds, alerts_filtered
@@ -39,6 +40,7 @@ ALERT_FILTERS = ("cluster", "kind", "state", "run", "node")
 
 @login_required
 @require_GET
+@replica_reads
 def alerts_page(request: HttpRequest) -> HttpResponse:
     filters = {name: request.GET.get(name, "").strip() for name in ALERT_FILTERS}
     clusters = list(clusters_visible(user=request.user).order_by("name"))
@@ -87,6 +89,7 @@ def alert_ack(request: HttpRequest, alert_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
+@replica_reads
 def alert_detail(request: HttpRequest, alert_id: int) -> HttpResponse:
     """404 unless the alert is of a cluster the user holds a role in (or a superuser)."""
     alert = alert_get(alert_id=alert_id, visible=clusters_visible(user=request.user))

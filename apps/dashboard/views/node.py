@@ -15,6 +15,7 @@ from apps.alerts.selectors import alert_json
 from apps.clusters.models import Node
 from apps.commands.pages import node_commands_context
 from apps.core.bounds import MAX_GPUS
+from apps.core.db_router import replica_reads
 from apps.dashboard.charts.base import NO_DATA, NO_GPUS, drawn_or_said_empty
 from apps.dashboard.charts.node import (
     HOST_CHART_METRICS,
@@ -45,6 +46,7 @@ from apps.telemetry.selectors import health_series, series_grouped
 
 @login_required
 @require_GET
+@replica_reads
 def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
     found = cluster_or_404(request, cluster)
     node_found = node_of(cluster=found, name=node)
@@ -141,6 +143,7 @@ def _node_series(request: HttpRequest, health: dict) -> dict:
 
 @login_required
 @require_GET
+@replica_reads
 def node_chart(request: HttpRequest, cluster: str, node: str, chart: str, fmt: str) -> HttpResponse:
     found = cluster_or_404(request, cluster)
     node_found = node_of(cluster=found, name=node)

@@ -13,6 +13,7 @@ from apps.access.selectors import clusters_visible
 from apps.alerts.choices import AlertState
 from apps.alerts.selectors import alert_json, detector_pass_status
 from apps.clusters.choices import NodeState
+from apps.core.db_router import replica_reads
 from apps.dashboard.selectors.alerts import OVERVIEW_ALERTS, open_alerts
 from apps.dashboard.selectors.health import HEALTH_RULES, TILE_STATES
 from apps.dashboard.selectors.runs import ended_runs, running_runs
@@ -23,6 +24,7 @@ from apps.runs.selectors import run_names_by_node
 
 @login_required
 @require_GET
+@replica_reads
 def home(request: HttpRequest) -> HttpResponse:
     clusters = list(clusters_visible(user=request.user).order_by("name"))
     if len(clusters) == 1:
@@ -32,6 +34,7 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
+@replica_reads
 def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
     found = cluster_or_404(request, cluster)
     now = time.time()

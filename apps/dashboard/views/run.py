@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from apps.commands.pages import run_commands_context
+from apps.core.db_router import replica_reads
 from apps.dashboard.charts.base import drawn_or_said_empty
 from apps.dashboard.charts.ranks import rank_stage_figures
 from apps.dashboard.charts.run import (
@@ -38,6 +39,7 @@ from apps.runs.selectors import run_rank_places, run_summary
 
 @login_required
 @require_GET
+@replica_reads
 def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
     found = cluster_or_404(request, cluster)
     run_found = run_of(cluster=found, name=run)
@@ -82,6 +84,7 @@ def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
 
 @login_required
 @require_GET
+@replica_reads
 def run_chart(request: HttpRequest, cluster: str, run: str, chart: str, fmt: str) -> HttpResponse:
     found = cluster_or_404(request, cluster)
     run_found = run_of(cluster=found, name=run)
@@ -110,6 +113,7 @@ def _rank_url_prefix(cluster: str, run: str) -> str:
 
 @login_required
 @require_GET
+@replica_reads
 def rank_detail(request: HttpRequest, cluster: str, run: str, rank: int) -> HttpResponse:
     """One rank's step split over time against the median of its peers, where it runs and
     the alerts about it (a click on its heat-map row leads here)."""

@@ -11,9 +11,10 @@ from typing import Any, Literal
 
 import numpy as np
 import orjson
-from django.db import connection, transaction
+from django.db import connections, transaction
 
 from apps.core.codec import floats_decode, ints_decode
+from apps.core.db_router import read_alias
 from apps.history.selectors.plain import plain
 from apps.history.selectors.resolution import (
     Resolution,
@@ -190,7 +191,7 @@ def metric_history(
         count_params: list = [list(node_ids)]
     else:
         count_sql, count_params = "SELECT %s", [len(node_ids)]
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic(using=read_alias(), savepoint=False):
         rolled_up_at, series = history_meta(count_sql=count_sql, params=count_params)
         res = resolution_choose(
             start=start, end=end, max_points=max_points, now=time.time(), series=series
@@ -211,7 +212,7 @@ def metric_history_at(
     max_points: int = 1000,
 ) -> History:
     """metric_history at a given resolution and source (the benchmark compares sources)."""
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic(using=read_alias(), savepoint=False):
         rolled_up_at, _ = history_meta(count_sql="SELECT 0", params=[])
         split = range_split(start=start, end=end, res=res, rolled_up_at=rolled_up_at)
         query = SeriesQuery(node_ids=node_ids, metric=metric, gpu=gpu, start=start, end=end)
@@ -242,7 +243,7 @@ def _history(*, query: SeriesQuery, res: Resolution, split: Split, max_points: i
         "raw_lo": split.raw_lo,
     }
     sql = _POINTS_SQL if res.step == 0 else _BUCKETS_SQL.format(table=ROLLUP_TABLES[res.source])
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     series = []

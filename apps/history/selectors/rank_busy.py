@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from django.db import connection, transaction
+from django.db import connections, transaction
 
+from apps.core.db_router import read_alias
 from apps.history.selectors.resolution import TIERS
 from apps.history.selectors.steps import (
     _RAW,
@@ -73,14 +74,14 @@ def run_rank_busy(*, run_id: int, start: float, end: float, max_points: int = 10
     """Each rank's mean busy time over [start, end) as a matrix (RankBusy), at the buckets
     and from the sources run_rank_history would read: its `busy` means (summed in another
     order, so perhaps an ulp apart). Two queries, whatever the rank count."""
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic(using=read_alias(), savepoint=False):
         res, split = _plan_ranks(run_id, start, end, max_points=max_points)
         params, count, ts = _params(run_id, start, end, res=res, split=split)
         rolled = _RANK_BUSY_GROUPED
         if res.source != "raw" and res.step == TIERS[res.source][0]:
             rolled = _RANK_BUSY_ROWS
         sql = _RANK_BUSY_SQL.format(rolled=rolled).format(table=RANK_TABLES[res.source])
-        with connection.cursor() as cursor:
+        with connections[read_alias()].cursor() as cursor:
             cursor.execute(sql, params)
             ranks, codes, means = (bytes(column) for column in cursor.fetchone())
     seen, rows = np.unique(np.frombuffer(ranks, ">i4"), return_inverse=True)

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from django.conf import settings
-from django.db import connection
+from django.db import connections
+
+from apps.core.db_router import read_alias
 
 # Agents sample at 1 Hz: a range of up to max_points seconds is shown as raw points.
 RAW_SAMPLE_INTERVAL_S = 1.0
@@ -139,7 +141,7 @@ def history_meta(*, count_sql: str, params: list) -> tuple[float | None, int]:
     seconds, None before the first), and the count `count_sql` gives (series or ranks).
     Also applies READ_SETTINGS to the rest of the transaction: call it in the selector's
     `transaction.atomic()`, before the data query."""
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(
             f"SELECT {_SET_READ_SETTINGS},"
             " (SELECT extract(epoch FROM rolled_up_at)::float8 FROM history_watermark"

@@ -11,8 +11,9 @@ from typing import Any
 
 import orjson
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connections, transaction
 
+from apps.core.db_router import read_alias
 from apps.history.selectors.plain import plain
 from apps.history.selectors.resolution import (
     RANK_ROLLUP_ROW_BUDGET,
@@ -155,7 +156,7 @@ def run_step_history(
 ) -> StepHistory:
     """The run as a whole over [start, end), at most ~max_points buckets. Two queries (a
     wide range of many ranks reads the rollups: see resolution_choose)."""
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic(using=read_alias(), savepoint=False):
         res, split = _plan(
             run_id, start, end, max_points=max_points, tiers=RUN_STEP_TIERS, tier_series=1
         )
@@ -168,20 +169,20 @@ def run_rank_history(
     """Each rank over [start, end), at most ~max_points buckets. Two queries, whatever the
     rank count (a wide range of many ranks reads the rollups, and a tier of more than
     RANK_ROLLUP_ROW_BUDGET rows gives way to a coarser one: see resolution_choose)."""
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic(using=read_alias(), savepoint=False):
         res, split = _plan_ranks(run_id, start, end, max_points=max_points)
         return _rank_history(run_id, start, end, res=res, split=split)
 
 
 def run_step_history_at(*, run_id: int, start: float, end: float, res: Resolution) -> StepHistory:
     """run_step_history at a given resolution and source (the benchmark compares sources)."""
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic(using=read_alias(), savepoint=False):
         return _run_history(run_id, start, end, res=res, split=_split_at(start, end, res))
 
 
 def run_rank_history_at(*, run_id: int, start: float, end: float, res: Resolution) -> RankHistory:
     """run_rank_history at a given resolution and source (the benchmark compares sources)."""
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic(using=read_alias(), savepoint=False):
         return _rank_history(run_id, start, end, res=res, split=_split_at(start, end, res))
 
 
@@ -272,7 +273,7 @@ def _read(
 ) -> tuple[Any, int, list[float]]:  # fmt: skip
     """The query's JSON answer, the bucket count and the bucket starts."""
     params, count, ts = _params(run_id, start, end, res=res, split=split)
-    with connection.cursor() as cursor:
+    with connections[read_alias()].cursor() as cursor:
         cursor.execute(sql.format(table=tables[res.source]), params)
         answer = orjson.loads(cursor.fetchone()[0])
     return answer, count, ts
