@@ -17,13 +17,15 @@ from django.db import connection, transaction
 logger = logging.getLogger(__name__)
 
 
-def batches_delete(*, sql: str, params: dict[str, Any], what: str) -> int:
-    """Run `sql`, one DELETE of at most %(batch)s rows (RETENTION_BATCH) whose row count says
-    how many it took, until a batch falls short or RETENTION_MAX_BATCHES ran. Returns the rows
-    deleted (as the statement counts them)."""
-    batch = settings.RETENTION_BATCH
+def batches_delete(
+    *, sql: str, params: dict[str, Any], what: str, batch: int = 0, max_batches: int = 0
+) -> int:
+    """Run `sql`, one DELETE of at most %(batch)s rows (`batch`, else RETENTION_BATCH) whose
+    row count says how many it took, until a batch falls short or `max_batches` (else
+    RETENTION_MAX_BATCHES) ran. Returns the rows deleted (as the statement counts them)."""
+    batch = batch or settings.RETENTION_BATCH
     total = 0
-    for _ in range(settings.RETENTION_MAX_BATCHES):
+    for _ in range(max_batches or settings.RETENTION_MAX_BATCHES):
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql, {**params, "batch": batch})
             deleted = cursor.rowcount
@@ -35,11 +37,16 @@ def batches_delete(*, sql: str, params: dict[str, Any], what: str) -> int:
     return total
 
 
-def expired_delete(*, table: str, expired: str, params: dict[str, Any]) -> int:
-    """Delete the rows of `table` matching the SQL condition `expired` (on `params`), a batch
-    per statement, as batches_delete does."""
+def expired_delete(
+    *, table: str, expired: str, params: dict[str, Any], batch: int = 0, max_batches: int = 0
+) -> int:
+    """Delete the rows of `table` (a plain table or one partition: a ctid names a row only
+    within one) matching the SQL condition `expired` (on `params`), a batch per statement,
+    as batches_delete does."""
     sql = (
         f"DELETE FROM {table} WHERE ctid = ANY(ARRAY("
         f"SELECT ctid FROM {table} WHERE {expired} LIMIT %(batch)s))"
     )
-    return batches_delete(sql=sql, params=params, what=f"rows of {table}")
+    return batches_delete(
+        sql=sql, params=params, what=f"rows of {table}", batch=batch, max_batches=max_batches
+    )

@@ -40,7 +40,8 @@ _SEED = [
     """INSERT INTO runs_stepchunk (run_id, rank, "window", t0, t1, step_lo, step_hi, n, checked,
          data)
        SELECT 1, i % 8, w, w, w + interval '599 seconds', i, i, 1, 0, '\\x00'
-       FROM generate_series(1, 1400) i, now() - make_interval(secs => i * 600) w""",
+       FROM generate_series(1, 1400) i,
+         LATERAL (SELECT now() - make_interval(secs => i * 600) AS w) x""",
     """INSERT INTO history_step_1m (run_id, rank, bucket, n, max_step, step_time_sum,
          step_time_max, data_time_n, h2d_time_n, compute_time_n, comm_wait_n, loss_n)
        SELECT 1, i % 8, date_trunc('minute', now()) - make_interval(mins => i / 8), 1, i, 1, 1,

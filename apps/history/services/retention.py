@@ -23,6 +23,7 @@ from django.db import DatabaseError, connection, transaction
 
 from apps.core.partition_convert import AHEAD_DAYS
 from apps.core.partitions import partitions_drop, partitions_ensure, partitions_list
+from apps.core.prune import expired_delete
 
 logger = logging.getLogger(__name__)
 
@@ -125,21 +126,8 @@ def partitions_maintain(*, now: datetime) -> dict[str, list[str]]:
 
 def table_prune(*, target: PruneTarget, cutoff: datetime) -> int:
     """Delete `target`'s rows expired at `cutoff`: HISTORY_PRUNE_BATCH rows a transaction, at
-    most HISTORY_PRUNE_MAX_BATCHES transactions (the next call goes on). `target.table` must
-    be a plain table or one partition (ctid names a row only within one)."""
-    batch = settings.HISTORY_PRUNE_BATCH
-    sql = (
-        f"DELETE FROM {target.table} WHERE ctid = ANY(ARRAY("
-        f"SELECT ctid FROM {target.table} WHERE {target.expired} LIMIT %(batch)s))"
-    )
-    total = 0
-    for _ in range(settings.HISTORY_PRUNE_MAX_BATCHES):
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(sql, {"cutoff": cutoff, "batch": batch})
-            deleted = cursor.rowcount
-        total += deleted
-        if deleted < batch:
-            break
-    if total:
-        logger.info("pruned %s rows of %s older than %s", total, target.table, cutoff)
-    return total
+    most HISTORY_PRUNE_MAX_BATCHES transactions (the next call goes on)."""
+    return expired_delete(
+        table=target.table, expired=target.expired, params={"cutoff": cutoff},
+        batch=settings.HISTORY_PRUNE_BATCH, max_batches=settings.HISTORY_PRUNE_MAX_BATCHES,
+    )  # fmt: skip
