@@ -6,6 +6,7 @@ import time
 import pytest
 from django.db import IntegrityError, close_old_connections, connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from apps.alerts.models import Alert
 from apps.alerts.services import alerts_sync
@@ -148,3 +149,29 @@ def test_concurrent_syncs_open_exactly_one_alert():
         thread.join(timeout=30)
     assert errors == []
     assert Alert.objects.filter(cluster=cluster).count() == 1
+
+
+def test_a_pass_costs_the_same_statements_for_3_or_60_open_alerts(cluster):
+    """Open alerts seen again, and those resolving, are one statement each, however many:
+    a pass over a cluster with every GPU amber used to issue one UPDATE per alert."""
+
+    def many(count: int, **fields) -> list:
+        return [
+            finding(subject=f"run:run-1/rank:{rank}", rank=rank, **fields) for rank in range(count)
+        ]
+
+    counts = {}
+    for count in (3, 60):
+        Alert.objects.filter(cluster=cluster).delete()
+        alerts_sync(cluster=cluster, findings=many(count), now=T0)
+        with CaptureQueriesContext(connection) as seen:
+            result = alerts_sync(cluster=cluster, findings=many(count, summary="again"), now=T0 + 5)
+        assert len(result.updated) == count
+        with CaptureQueriesContext(connection) as gone:
+            result = alerts_sync(cluster=cluster, findings=[], now=T0 + 5 + 3600)
+        assert len(result.resolved) == count
+        counts[count] = (len(seen), len(gone))
+    assert counts[3] == counts[60]
+    assert set(Alert.objects.filter(cluster=cluster).values_list("summary", "state")) == {
+        ("again", "resolved")
+    }

@@ -7,6 +7,7 @@ deliveries, written in the same transaction, are handed to Celery.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -140,6 +141,7 @@ def alerts_sync(*, cluster: Cluster, findings: Iterable[Finding], now: float) ->
             (alert.kind, alert.subject): alert
             for alert in Alert.objects.filter(cluster=cluster, state__in=OPEN_STATES)
         }
+        updates: list[tuple[int, str, str, str]] = []
         for key, finding in latest.items():
             alert = open_alerts.pop(key, None)
             if alert is None:
@@ -162,12 +164,9 @@ def alerts_sync(*, cluster: Cluster, findings: Iterable[Finding], now: float) ->
                 continue
             escalates = SEVERITY_RANK[finding.severity] > SEVERITY_RANK[alert.severity]
             visible = escalates or finding.summary != alert.summary
-            # Only these fields: state and acknowledgement belong to alert_acknowledge.
-            Alert.objects.filter(pk=alert.pk).update(
-                severity=finding.severity if escalates else alert.severity,
-                summary=finding.summary,
-                evidence=_plain(finding.evidence),
-                last_seen_at=at,
+            severity = finding.severity if escalates else alert.severity
+            updates.append(
+                (alert.pk, severity, finding.summary, json.dumps(_plain(finding.evidence)))
             )
             if escalates:
                 result.escalated.append(alert.pk)
@@ -175,18 +174,19 @@ def alerts_sync(*, cluster: Cluster, findings: Iterable[Finding], now: float) ->
             elif visible:
                 result.updated.append(alert.pk)
                 changes.append((alert.pk, None))
+        _open_alerts_follow(updates, at=at)
         ended = _ended_runs(alert.run_id for alert in open_alerts.values())
-        for alert in open_alerts.values():
+        due = [
+            alert.pk
+            for alert in open_alerts.values()
             # A run that ended (run_end) is not evaluated any more: its alerts resolve at once.
-            at_once = alert.kind in RESOLVE_AT_ONCE or alert.run_id in ended
-            hold = 0.0 if at_once else settings.ALERT_HOLD_DOWN_S
-            if now - alert.last_seen_at.timestamp() < hold:
-                continue
-            if Alert.objects.filter(pk=alert.pk, state__in=OPEN_STATES).update(
-                state=AlertState.RESOLVED, resolved_at=at
-            ):
-                result.resolved.append(alert.pk)
-                changes.append((alert.pk, AlertEvent.RESOLVED))
+            if now - alert.last_seen_at.timestamp()
+            >= (0.0 if alert.kind in RESOLVE_AT_ONCE or alert.run_id in ended
+                else settings.ALERT_HOLD_DOWN_S)
+        ]  # fmt: skip
+        for pk in _open_alerts_resolve(due, at=at):
+            result.resolved.append(pk)
+            changes.append((pk, AlertEvent.RESOLVED))
         alerts_announce(cluster=cluster, changes=changes)
     return result
 
@@ -323,6 +323,43 @@ def _strongest(findings: Iterable[Finding]) -> dict[tuple[str, str], Finding]:
         if seen is None or SEVERITY_RANK[finding.severity] > SEVERITY_RANK[seen.severity]:
             latest[key] = finding
     return latest
+
+
+# One statement for every open alert a pass saw again, however many: only these fields
+# (state and acknowledgement belong to alert_acknowledge).
+_FOLLOW_SQL = """
+UPDATE alerts_alert a SET severity = v.severity, summary = v.summary,
+    evidence = v.evidence::jsonb, last_seen_at = %(at)s
+FROM (SELECT unnest(%(ids)s::bigint[]) id, unnest(%(severities)s::text[]) severity,
+             unnest(%(summaries)s::text[]) summary, unnest(%(evidence)s::text[]) evidence) v
+WHERE a.id = v.id
+"""
+
+
+def _open_alerts_follow(updates: list[tuple[int, str, str, str]], *, at: datetime) -> None:
+    if not updates:
+        return
+    ids, severities, summaries, evidence = (list(column) for column in zip(*updates, strict=True))
+    with connection.cursor() as cursor:
+        cursor.execute(_FOLLOW_SQL, {
+            "at": at, "ids": ids, "severities": severities, "summaries": summaries,
+            "evidence": evidence,
+        })  # fmt: skip
+
+
+def _open_alerts_resolve(ids: list[int], *, at: datetime) -> list[int]:
+    """Resolve those of `ids` still open, in one conditional UPDATE; returns those resolved,
+    in order."""
+    if not ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE alerts_alert SET state = %s, resolved_at = %s"
+            " WHERE id = ANY(%s) AND state = ANY(%s) RETURNING id",
+            [AlertState.RESOLVED, at, ids, list(OPEN_STATES)],
+        )
+        resolved = {row[0] for row in cursor.fetchall()}
+    return [pk for pk in ids if pk in resolved]
 
 
 def _plain(value: Any) -> Any:
