@@ -43,8 +43,9 @@ def fault_batch(prefix: str, index: int) -> dict:
 
 @dataclass
 class Sender:
-    """Posts `count` batches in order from a thread, each until the server answers 202
-    (a 503 or 429 is retried after its Retry-After, at most `attempts` times in all)."""
+    """Posts `count` batches in order from a thread, each until the server answers 202, or
+    200 duplicate for a batch an earlier try delivered (a 503 or 429 is retried after its
+    Retry-After, at most `attempts` times in all)."""
 
     agent: AgentClient
     count: int
@@ -80,7 +81,8 @@ class Sender:
                 continue
             status = response.status_code
             self.statuses[status] = self.statuses.get(status, 0) + 1
-            if status == 202:
+            # 200 duplicate: an earlier try was stored, its answer lost with its server
+            if status == 202 or (status == 200 and response.json().get("duplicate")):
                 self.accepted.append(batch["batch_id"])
                 return
             assert status in (429, 503), (status, response.text)
