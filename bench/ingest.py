@@ -333,7 +333,7 @@ def disk_per_sample(conninfo: str, stack: BenchStack) -> dict[str, float]:
     # total, then the points' own bytes: timestamps (offsets array or encoded) and values;
     # the rest is the row (header, t0/t1, ids, n/min/max/sum) and the indexes
     query = (
-        f"SELECT {relation_bytes_sql('telemetry_chunk')}::float8 / sum(n),"
+        f"SELECT {relation_bytes_sql('telemetry_chunk', holding_rows=True)}::float8 / sum(n),"
         " sum(pg_column_size(offsets_ms) + coalesce(pg_column_size(ts_pco), 0))::float8"
         "  / sum(n),"
         " sum(pg_column_size(vals) + coalesce(pg_column_size(vals_pco), 0))::float8 / sum(n)"

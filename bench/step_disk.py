@@ -78,8 +78,8 @@ def measure() -> dict[str, float]:
     with connection.cursor() as cursor:
         cursor.execute("VACUUM FULL runs_stepreport")
         cursor.execute(
-            f"SELECT {relation_bytes_sql('runs_stepreport')}::float8 / count(*), count(*)"
-            " FROM runs_stepreport"
+            f"SELECT {relation_bytes_sql('runs_stepreport', holding_rows=True)}::float8"
+            " / count(*), count(*) FROM runs_stepreport"
         )
         ingested, reports = cursor.fetchone()
     steps_compact(now=timezone.now() + timedelta(days=1), limit=100_000)
@@ -87,8 +87,8 @@ def measure() -> dict[str, float]:
         cursor.execute("VACUUM FULL runs_stepchunk")
         cursor.execute("VACUUM FULL runs_stepreport")
         cursor.execute(
-            f"SELECT {relation_bytes_sql('runs_stepchunk')}::float8 / sum(n), sum(n),"
-            " (SELECT count(*) FROM runs_stepreport) FROM runs_stepchunk"
+            f"SELECT {relation_bytes_sql('runs_stepchunk', holding_rows=True)}::float8"
+            " / sum(n), sum(n), (SELECT count(*) FROM runs_stepreport) FROM runs_stepchunk"
         )
         compacted, in_chunks, left_raw = cursor.fetchone()
     return {

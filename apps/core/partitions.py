@@ -84,12 +84,17 @@ def is_partitioned(cursor, table: str) -> bool:
     return bool(row and row[0])
 
 
-def relation_bytes_sql(table: str) -> str:
+def relation_bytes_sql(table: str, *, holding_rows: bool = False) -> str:
     """SQL for the bytes on disk of `table` with its indexes and TOAST, every partition
-    included (pg_total_relation_size of a partitioned table alone is 0)."""
+    included (pg_total_relation_size of a partitioned table alone is 0). `holding_rows`:
+    only partitions whose heap has pages (after a VACUUM FULL: those holding rows), for a
+    bytes-per-row figure that the fixed few pages of each empty partition's indexes would
+    distort on a small sample."""
+    holding = " AND c.relpages > 0" if holding_rows else ""
     return (
-        "(SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::bigint"
-        f" FROM pg_partition_tree('{table}'))"
+        "(SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)::bigint"
+        f" FROM pg_partition_tree('{table}') t JOIN pg_class c ON c.oid = t.relid"
+        f" WHERE t.isleaf{holding})"
     )
 
 
