@@ -1,8 +1,9 @@
 """Schemathesis against the served /api/v1/openapi.json: every operation as every identity
 (cluster-wide and node-bound agent tokens, a viewer, operator and admin logged in with a
-session and CSRF token, and no one), 100 generated requests each, through the whole Django
-stack in this process. No answer may be a server error, break the operation's declared
-responses, or show an object of the foreign cluster the identity holds no role on."""
+session and CSRF token, an operator's personal API token, and no one), 100 generated
+requests each, through the whole Django stack in this process. No answer may be a server
+error, break the operation's declared responses, or show an object of the foreign cluster
+the identity holds no role on."""
 
 from __future__ import annotations
 
@@ -70,7 +71,10 @@ def accepts(label: str, identity: str) -> bool:
         for requirement in SCHEMA.raw_schema["paths"][path][method.lower()].get("security", [])
         for name in requirement
     }
-    wanted = {"agent": "AgentBearer", "agent-node": "AgentBearer", "anonymous": None}
+    wanted = {
+        "agent": "AgentBearer", "agent-node": "AgentBearer",
+        "operator-token": "UserTokenBearer", "anonymous": None,
+    }  # fmt: skip
     return wanted.get(identity, "SessionAuth") in schemes
 
 

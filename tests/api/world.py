@@ -14,7 +14,7 @@ from django.http import HttpRequest
 from django.middleware.csrf import get_token
 from django.test import Client
 
-from apps.access.services import role_grant
+from apps.access.services import role_grant, user_token_issue
 from apps.alerts.models import Alert
 from apps.clusters.models import Cluster, Node
 from apps.clusters.services import token_issue
@@ -30,7 +30,9 @@ FOREIGN_COMMAND_IDS = (
     uuid.UUID("f0e1a9e0-0000-4000-8000-00000000f0e1"),
     uuid.UUID("f0e1a9e0-0000-4000-8000-00000000f0e2"),
 )
-IDENTITIES = ("agent", "agent-node", "viewer", "operator", "admin", "anonymous")
+IDENTITIES = (
+    "agent", "agent-node", "viewer", "operator", "admin", "operator-token", "anonymous",
+)  # fmt: skip
 
 
 @dataclass
@@ -125,6 +127,10 @@ def build_world(identity: str) -> World:
         chosen = Identity(headers={"Authorization": f"Bearer {agent_secret}"})
     elif identity == "agent-node":
         chosen = Identity(headers={"Authorization": f"Bearer {node_secret}"})
+    elif identity == "operator-token":  # a personal API token (obu_…) of a home operator
+        user = users.create_user("fuzz-operator-token")
+        role_grant(user=user, cluster=home, role="operator")
+        chosen = Identity(headers={"Authorization": f"Bearer {user_token_issue(user=user)[1]}"})
     elif identity in ("viewer", "operator", "admin"):
         user = users.create_user(f"fuzz-{identity}")
         role_grant(user=user, cluster=home, role=identity)
