@@ -85,6 +85,7 @@ class AgentUser(FastHttpUser):
     fixed_count = CONFIG["agents"]
     wait_time = constant_pacing(1)
     host = CONFIG["ingest_url"]
+    network_timeout = 60.0  # bench/mixed.py's stop timeout waits this long for an answer
     _numbers = itertools.count()
 
     def on_start(self) -> None:

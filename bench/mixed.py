@@ -40,7 +40,9 @@ from bench.common import BenchStack, prepare_database  # noqa: E402
 common.BENCH_DB = f"{common.BENCH_DB}_load"  # its own scratch database: others drop theirs
 VIEWER, VIEWER_PASSWORD = "load-viewer", "load-viewer-password-1"
 DRAIN_TIMEOUT_S = 300
-STOP_TIMEOUT_S = 5
+# every POST's answer is read (the agents' timeout is 60 s), so that what they were told was
+# accepted is what must be stored; the held polls finish their `wait` and stop
+STOP_TIMEOUT_S = 65
 COLUMNS = ("count", "fail", "p50 ms", "p95 ms", "p99 ms", "max ms", "req/s")
 
 
@@ -155,8 +157,11 @@ def run(args, stack: BenchStack, conninfo: str, seeded: dict, out: Path) -> int:
     }
     (out / "config.json").write_text(json.dumps(config))
     before = stored(conninfo)
-    backlog = Backlog(conninfo)
+    meter = stack.cpu_meter()  # this process's children (locust) count as "bench client"
+    meter.begin()
+    backlog = Backlog(conninfo, meter)
     backlog.start()
+    load_before, began = os.getloadavg()[0], time.monotonic()
     users = args.agents + args.longpolls + args.browsers
     print(
         f"locust: {args.agents} agents at 1 Hz, {args.longpolls} long-polls (wait "
@@ -168,7 +173,6 @@ def run(args, stack: BenchStack, conninfo: str, seeded: dict, out: Path) -> int:
         *(sys.executable, "-m", "locust", "-f", str(ROOT / "bench" / "locustfile.py")),
         *("--headless", "-u", str(users), "-r", str(args.spawn_rate)),
         *("-t", f"{round(args.minutes * 60)}s", "--csv", str(out / "load"), "--only-summary"),
-        # agents finish the POST in flight (its answer counted), held polls are cut off
         *("--stop-timeout", str(STOP_TIMEOUT_S), "--loglevel", "WARNING"),
     ]
     if args.processes != 1:
@@ -177,7 +181,9 @@ def run(args, stack: BenchStack, conninfo: str, seeded: dict, out: Path) -> int:
     with open(out / "locust.log", "wb") as log:
         subprocess.run(command, cwd=ROOT, env=locust_env, stdout=log, stderr=subprocess.STDOUT)
     at_stop = backlog.stop()
-    began = time.monotonic()
+    cpu, wall = meter.snapshot(), time.monotonic() - began
+    cpu.subtract(meter.start)
+    load_after, began = os.getloadavg()[0], time.monotonic()
     drained = inbox_drain(conninfo, DRAIN_TIMEOUT_S)
     drain_s = time.monotonic() - began
     after = stored(conninfo)
@@ -185,6 +191,7 @@ def run(args, stack: BenchStack, conninfo: str, seeded: dict, out: Path) -> int:
     rows = stats_read(out / "load_stats.csv")
     print()
     print(table_markdown(rows))
+    # negative: stored without the agent hearing 202 (a POST that failed on a timeout)
     lost_samples = told["samples"] - (after[0] - before[0])
     lost_steps = told["steps"] - (after[1] - before[1])
     print()
@@ -198,6 +205,12 @@ def run(args, stack: BenchStack, conninfo: str, seeded: dict, out: Path) -> int:
         f"{after[1] - before[1]:,} step reports; lost: {lost_samples} samples, {lost_steps} "
         f"step reports; {told['duplicates']} duplicates answered"
     )
+    cores = ", ".join(f"{role} {seconds / wall:.2f}" for role, seconds in sorted(cpu.items()))
+    print(
+        f"CPU over the {wall:.0f} s of load, in cores: {cores}; total "
+        f"{sum(cpu.values()) / wall:.2f} of {os.cpu_count()}; host load average "
+        f"{load_before:.1f} before, {load_after:.1f} after"
+    )
     failures = sum(row["fail"] for row in rows if row["name"] != "Aggregated")
     ok = failures == 0 and lost_samples == 0 and lost_steps == 0 and drained
     print(f"failures: {failures}; " + ("PASS" if ok else "FAIL"))
@@ -205,10 +218,11 @@ def run(args, stack: BenchStack, conninfo: str, seeded: dict, out: Path) -> int:
 
 
 class Backlog:
-    """The inbox's unprocessed batches, read every 2 s while the load runs."""
+    """The inbox's unprocessed batches, read every 2 s while the load runs (and the CPU
+    meter read with it: a process that ends keeps its last reading)."""
 
-    def __init__(self, conninfo: str) -> None:
-        self.conninfo, self.peak, self.last = conninfo, 0, 0
+    def __init__(self, conninfo: str, meter) -> None:
+        self.conninfo, self.meter, self.peak, self.last = conninfo, meter, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -225,6 +239,7 @@ class Backlog:
     def _watch(self) -> None:
         while not self._stop.wait(2):
             self.peak = max(self.peak, unprocessed(self.conninfo))
+            self.meter.snapshot()
 
 
 def unprocessed(conninfo: str) -> int:
@@ -245,13 +260,15 @@ def inbox_drain(conninfo: str, timeout: float) -> bool:
 
 
 def stored(conninfo: str) -> tuple[int, int]:
-    """(samples in the chunk table, step reports) of the whole database."""
+    """(samples, step reports) of the whole database: raw and compacted, as the periodic
+    passes move them between the two while the load runs."""
     import psycopg
 
     with psycopg.connect(conninfo, autocommit=True) as conn:
         return conn.execute(
             "SELECT (SELECT coalesce(sum(n), 0) FROM telemetry_chunk),"
             " (SELECT count(*) FROM runs_stepreport)"
+            " + (SELECT coalesce(sum(n), 0) FROM runs_stepchunk)"
         ).fetchone()
 
 

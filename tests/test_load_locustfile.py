@@ -57,7 +57,7 @@ def test_it_runs_every_user_class_without_a_failure(live_stack, live_db, tmp_pat
     locust = subprocess.run(
         [
             *(sys.executable, "-m", "locust", "-f", str(ROOT / "bench" / "locustfile.py")),
-            *("--headless", "-u", "3", "-r", "3", "-t", "8s", "--stop-timeout", "3"),
+            *("--headless", "-u", "3", "-r", "3", "-t", "8s", "--stop-timeout", "20"),
             *("--csv", str(tmp_path / "load"), "--only-summary", "--loglevel", "WARNING"),
         ],
         cwd=ROOT,
