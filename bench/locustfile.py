@@ -29,6 +29,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import gevent
 from locust import between, constant, constant_pacing, events, task
 from locust.contrib.fasthttp import FastHttpUser
+from locust.runners import MasterRunner
 
 CONFIG = json.loads(
     Path(os.environ.get("OPSBOARD_LOAD_CONFIG", "var/load/config.json")).read_text()
@@ -70,6 +71,13 @@ def outcome(response, retry_row: str) -> bool:
     return False
 
 
+def user_index(user, numbers: itertools.count) -> int:
+    """A node of its own for each user of a class, across locust's worker processes (with
+    `--processes`, each worker numbers its users from 0: worker i takes i, i + W, ...)."""
+    worker = getattr(user.environment.runner, "worker_index", 0)
+    return (next(numbers) * CONFIG.get("processes", 1) + worker) % len(CONFIG["nodes"])
+
+
 def retry_after(response) -> float:
     try:
         return max(0.0, float(response.headers.get("Retry-After", "1")))
@@ -89,7 +97,7 @@ class AgentUser(FastHttpUser):
     _numbers = itertools.count()
 
     def on_start(self) -> None:
-        self.index = next(self._numbers) % len(CONFIG["nodes"])
+        self.index = user_index(self, self._numbers)
         self.node = CONFIG["nodes"][self.index]
         self.headers = {
             "Authorization": f"Bearer {CONFIG['tokens'][self.index]}",
@@ -173,7 +181,7 @@ class LongPollUser(FastHttpUser):
     _numbers = itertools.count()
 
     def on_start(self) -> None:
-        index = next(self._numbers) % len(CONFIG["nodes"])
+        index = user_index(self, self._numbers)
         self.headers = {
             "Authorization": f"Bearer {CONFIG['tokens'][index]}",
             "X-Opsboard-Redirects": "follow",
@@ -306,7 +314,10 @@ class BrowserUser(FastHttpUser):
 
 
 @events.test_stop.add_listener
-def accepted_write(**_kwargs) -> None:
+def accepted_write(environment, **_kwargs) -> None:
+    """Where users run (not locust's master, with --processes): this process's counts."""
+    if isinstance(environment.runner, MasterRunner):
+        return
     out = Path(CONFIG["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     (out / f"accepted-{os.getpid()}.json").write_text(json.dumps(accepted))

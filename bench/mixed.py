@@ -79,7 +79,10 @@ def arguments() -> argparse.Namespace:
         "--processes", type=int, default=1, help="locust processes (-1: one per core)"
     )
     parser.add_argument("--out", default=str(ROOT / "var" / "load"), help="config, CSVs")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.processes == -1:
+        args.processes = os.cpu_count() or 1
+    return args
 
 
 def main() -> int:
@@ -125,7 +128,11 @@ def seed(args: argparse.Namespace, conninfo: str) -> dict:
     start = end - round(args.seed_hours * 6) * 600
     pages_seed.seed(conninfo=conninfo, start=start, end=end)
     pages_seed.rollups_build(conninfo=conninfo, start=start, end=end)
-    nodes = [f"node-{i:02d}" for i in range(max(args.agents, args.longpolls, 1))]
+    # locust's workers number their users apart (bench/locustfile.py, user_index)
+    workers = args.processes
+    nodes = [
+        f"node-{i:02d}" for i in range(-(-max(args.agents, args.longpolls, 1) // workers) * workers)
+    ]
     began = time.perf_counter()
     tokens = [
         token_issue(cluster_name=pages_seed.CLUSTER, name=f"load {node}", nodes=[node])[1]
@@ -150,6 +157,7 @@ def run(args, stack: BenchStack, conninfo: str, seeded: dict, out: Path) -> int:
         "agents": args.agents,
         "longpolls": args.longpolls,
         "browsers": args.browsers,
+        "processes": args.processes,
         "poll_wait": args.poll_wait,
         "think": args.think,
         "viewer": {"username": VIEWER, "password": VIEWER_PASSWORD},
@@ -187,7 +195,7 @@ def run(args, stack: BenchStack, conninfo: str, seeded: dict, out: Path) -> int:
     drained = inbox_drain(conninfo, DRAIN_TIMEOUT_S)
     drain_s = time.monotonic() - began
     after = stored(conninfo)
-    told = accepted_read(out)
+    told = accepted_read(out, args.processes)
     rows = stats_read(out / "load_stats.csv")
     print()
     print(table_markdown(rows))
@@ -272,8 +280,12 @@ def stored(conninfo: str) -> tuple[int, int]:
         ).fetchone()
 
 
-def accepted_read(out: Path) -> dict[str, int]:
-    """What the agents of every locust process were told was accepted."""
+def accepted_read(out: Path, processes: int, timeout: float = 30) -> dict[str, int]:
+    """What the agents of every locust process were told was accepted (its workers may
+    write theirs after the master has exited)."""
+    deadline = time.monotonic() + timeout
+    while len(list(out.glob("accepted-*.json"))) < processes and time.monotonic() < deadline:
+        time.sleep(0.5)
     total = {"batches": 0, "samples": 0, "steps": 0, "duplicates": 0}
     for path in out.glob("accepted-*.json"):
         for key, value in json.loads(path.read_text()).items():
