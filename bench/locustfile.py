@@ -236,7 +236,8 @@ class LongPollUser(FastHttpUser):
 class BrowserUser(FastHttpUser):
     """An operator's browser, logged in as a viewer: the cluster overview, the run page,
     a node page of the run and the alerts page in turn, each with the chart data its
-    charts.js fetches (the panels marked data-loading), then `think` seconds of reading."""
+    charts.js fetches (the panels marked data-loading), then `think` seconds of reading. No
+    websocket: the live feed's lag is bench/ingest.py's probe."""
 
     fixed_count = CONFIG["browsers"]
     think = CONFIG.get("think", 5.0)

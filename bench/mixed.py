@@ -145,6 +145,54 @@ def seed(args: argparse.Namespace, conninfo: str) -> dict:
 
 
 def run(args, stack: BenchStack, conninfo: str, seeded: dict, out: Path) -> int:
+    config = config_write(args, stack, seeded, out)
+    before = stored(conninfo)
+    meter = stack.cpu_meter()  # this process's children (locust) count as "bench client"
+    meter.begin()
+    backlog = Backlog(conninfo, meter)
+    backlog.start()
+    load_before, began = os.getloadavg()[0], time.monotonic()
+    print(
+        f"locust: {args.agents} agents at 1 Hz, {args.longpolls} long-polls (wait "
+        f"{args.poll_wait} s), {args.browsers} browsers (think {args.think:g} s) for "
+        f"{args.minutes:g} min...",
+        flush=True,
+    )
+    locust_env = {**os.environ, "OPSBOARD_LOAD_CONFIG": str(config)}
+    with open(out / "locust.log", "wb") as log:
+        subprocess.run(locust_command(args, out), cwd=ROOT, env=locust_env, stdout=log, stderr=log)
+    at_stop = backlog.stop()
+    cpu, wall = meter.snapshot(), time.monotonic() - began
+    cpu.subtract(meter.start)
+    load_after, began = os.getloadavg()[0], time.monotonic()
+    drained = inbox_drain(conninfo, DRAIN_TIMEOUT_S)
+    drain_s = time.monotonic() - began
+    if not (out / "load_stats.csv").exists():
+        print((out / "locust.log").read_text()[-3000:])
+        return 1
+    rows = stats_read(out / "load_stats.csv")
+    print()
+    print(table_markdown(rows))
+    print()
+    print(
+        f"inbox backlog: {at_stop} batches unprocessed when the load stopped (peak "
+        f"{backlog.peak}), drained in {drain_s:.1f} s" + ("" if drained else " (NOT drained)")
+    )
+    lost = lost_print(accepted_read(out, args.processes), before, stored(conninfo))
+    cores = ", ".join(f"{role} {seconds / wall:.2f}" for role, seconds in sorted(cpu.items()))
+    print(
+        f"CPU over the {wall:.0f} s of load, in cores: {cores}; total "
+        f"{sum(cpu.values()) / wall:.2f} of {os.cpu_count()}; host load average "
+        f"{load_before:.1f} before, {load_after:.1f} after"
+    )
+    failures = sum(row["fail"] for row in rows if row["name"] != "Aggregated")
+    ok = failures == 0 and lost == (0, 0) and drained
+    print(f"failures: {failures}; " + ("PASS" if ok else "FAIL"))
+    return 0 if ok else 1
+
+
+def config_write(args, stack: BenchStack, seeded: dict, out: Path) -> Path:
+    """The locustfile's config (bench/locustfile.py): where, as whom, how many of each."""
     config = {
         "url": stack.url,
         "ingest_url": stack.ingest_url,
@@ -163,20 +211,13 @@ def run(args, stack: BenchStack, conninfo: str, seeded: dict, out: Path) -> int:
         "viewer": {"username": VIEWER, "password": VIEWER_PASSWORD},
         "out_dir": str(out),
     }
-    (out / "config.json").write_text(json.dumps(config))
-    before = stored(conninfo)
-    meter = stack.cpu_meter()  # this process's children (locust) count as "bench client"
-    meter.begin()
-    backlog = Backlog(conninfo, meter)
-    backlog.start()
-    load_before, began = os.getloadavg()[0], time.monotonic()
+    path = out / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def locust_command(args, out: Path) -> list[str]:
     users = args.agents + args.longpolls + args.browsers
-    print(
-        f"locust: {args.agents} agents at 1 Hz, {args.longpolls} long-polls (wait "
-        f"{args.poll_wait} s), {args.browsers} browsers (think {args.think:g} s) for "
-        f"{args.minutes:g} min...",
-        flush=True,
-    )
     command = [
         *(sys.executable, "-m", "locust", "-f", str(ROOT / "bench" / "locustfile.py")),
         *("--headless", "-u", str(users), "-r", str(args.spawn_rate)),
@@ -185,44 +226,21 @@ def run(args, stack: BenchStack, conninfo: str, seeded: dict, out: Path) -> int:
     ]
     if args.processes != 1:
         command += ["--processes", str(args.processes)]
-    locust_env = {**os.environ, "OPSBOARD_LOAD_CONFIG": str(out / "config.json")}
-    with open(out / "locust.log", "wb") as log:
-        subprocess.run(command, cwd=ROOT, env=locust_env, stdout=log, stderr=subprocess.STDOUT)
-    at_stop = backlog.stop()
-    cpu, wall = meter.snapshot(), time.monotonic() - began
-    cpu.subtract(meter.start)
-    load_after, began = os.getloadavg()[0], time.monotonic()
-    drained = inbox_drain(conninfo, DRAIN_TIMEOUT_S)
-    drain_s = time.monotonic() - began
-    after = stored(conninfo)
-    told = accepted_read(out, args.processes)
-    rows = stats_read(out / "load_stats.csv")
-    print()
-    print(table_markdown(rows))
-    # negative: stored without the agent hearing 202 (a POST that failed on a timeout)
-    lost_samples = told["samples"] - (after[0] - before[0])
-    lost_steps = told["steps"] - (after[1] - before[1])
-    print()
-    print(
-        f"inbox backlog: {at_stop} batches unprocessed when the load stopped (peak "
-        f"{backlog.peak}), drained in {drain_s:.1f} s" + ("" if drained else " (NOT drained)")
-    )
+    return command
+
+
+def lost_print(told: dict[str, int], before: tuple, after: tuple) -> tuple[int, int]:
+    """Print accepted against stored; returns (samples, step reports) lost. Negative: stored
+    without the agent hearing its 202 (a POST that failed on a timeout)."""
+    samples, steps = after[0] - before[0], after[1] - before[1]
+    lost = (told["samples"] - samples, told["steps"] - steps)
     print(
         f"accepted (202): {told['batches']:,} batches, {told['samples']:,} samples, "
-        f"{told['steps']:,} step reports; stored: {after[0] - before[0]:,} samples, "
-        f"{after[1] - before[1]:,} step reports; lost: {lost_samples} samples, {lost_steps} "
-        f"step reports; {told['duplicates']} duplicates answered"
+        f"{told['steps']:,} step reports; stored: {samples:,} samples, {steps:,} step "
+        f"reports; lost: {lost[0]} samples, {lost[1]} step reports; {told['duplicates']} "
+        f"duplicates answered"
     )
-    cores = ", ".join(f"{role} {seconds / wall:.2f}" for role, seconds in sorted(cpu.items()))
-    print(
-        f"CPU over the {wall:.0f} s of load, in cores: {cores}; total "
-        f"{sum(cpu.values()) / wall:.2f} of {os.cpu_count()}; host load average "
-        f"{load_before:.1f} before, {load_after:.1f} after"
-    )
-    failures = sum(row["fail"] for row in rows if row["name"] != "Aggregated")
-    ok = failures == 0 and lost_samples == 0 and lost_steps == 0 and drained
-    print(f"failures: {failures}; " + ("PASS" if ok else "FAIL"))
-    return 0 if ok else 1
+    return lost
 
 
 class Backlog:
