@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo run test faults fuzz lint bench evaluate install install-torch
+.PHONY: demo run test faults fuzz lint bench load evaluate install install-torch
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,3 +81,11 @@ bench: install-torch
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/pages.py                  # pages, charts and history selectors over a 72 h run
 	$(PY) bench/commands.py               # 1,000 held long-polls: ingest drop, delivery p99
+
+# Mixed load through locust (issue 25; docs/performance.md, "Mixed load"): 1,000 agents
+# posting at 1 Hz, 1,000 held command long-polls and 50 browsers on the pages for 10 min;
+# a latency table per request kind, the inbox backlog and lost samples (0). A smaller size:
+# LOAD_ARGS="--agents 200 --longpolls 200 --browsers 10 --minutes 2".
+LOAD_ARGS ?=
+load: install-torch
+	$(PY) bench/mixed.py $(LOAD_ARGS)
