@@ -21,6 +21,7 @@ from apps.clusters.models import Node
 from apps.clusters.services import token_issue
 from apps.commands.models import Command, CommandTransition
 from apps.runs.models import Run, StepReport
+from launcher.procs import wait_until
 from tests.commands.e2e import SupervisedJob, wait_for
 from tests.conftest import stack_env
 from tests.faults.redis_server import PrivateRedis
@@ -224,10 +225,13 @@ def test_a_drain_whose_supervisor_is_killed_during_its_stop_ends_once(world):
     stop = world.wait(
         lambda: Command.objects.filter(parent=drain, kind="stop").first(), 120, "the drain's stop"
     )
-    world.wait(
+    # polled every 20 ms: the supervisor acks `succeeded` about a second after `accepted`
+    wait_until(
         lambda: Command.objects.get(pk=stop.pk).state in ("delivered", "accepted", *TERMINAL),
         60,
         "the stop taken by the supervisor",
+        interval=0.02,
+        state=world.state,
     )
     world.job.remember_processes()
     world.job.popen.send_signal(signal.SIGKILL)
