@@ -201,8 +201,17 @@ CHANNEL_LAYERS = {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         # A consumer waits on BZPOPMIN for 5 s at a time; redis-py's default 5 s socket
         # timeout cut that wait and dropped every websocket idle for 5 s (no close frame).
+        # max_connections: each socket's connect takes one at once for its group_adds, and
+        # redis-py's pool refuses the 101st (MaxConnectionsError, not a wait): 200 pages
+        # reconnecting after a Redis restart crashed half their connects (docs/faults.md, 7).
         "CONFIG": {
-            "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+            "hosts": [
+                {
+                    "address": REDIS_URL,
+                    "socket_timeout": 15,
+                    "max_connections": envint("LIVE_REDIS_MAX_CONNECTIONS", 2000),
+                }
+            ],
             "prefix": f"{REDIS_PREFIX}:asgi",
         },
     }
@@ -216,6 +225,10 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A lost broker is tried again at once, then every this many seconds (Celery's own waits grow
+# to 30 s): opsboard/celery_consumer.py.
+CELERY_WORKER_CONSUMER = "opsboard.celery_consumer:PromptReconnectConsumer"
+BROKER_RECONNECT_MAX_S = envfloat("BROKER_RECONNECT_MAX_S", 1.0)
 # Celery's Django fixup closes the connection pool of a prefork child after every task, so
 # each task forked a new Postgres backend (≈ 1 per drain: a fifth of the CPU under ingest,
 # docs/performance-history.md). With a reuse count it keeps the pool; opsboard.celery returns the

@@ -5,6 +5,7 @@ Everything binds 127.0.0.1 and is stopped by the fixture that started it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -83,6 +84,10 @@ class Process:
                 self.popen.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
+            # A Celery worker stopped while it was still starting exits and leaves a child
+            # (its beat, a pool process) in the group: seen as orphans after a test session.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
 
     @property
     def running(self) -> bool:

@@ -70,9 +70,11 @@ async def live_publish_forever(
             now = time.monotonic()
             due = {m for m in pending if now - last_sent.get(m, -1e9) >= node_interval}
             if due:
+                # sent, then forgotten: a send that fails (Redis going or just back) keeps
+                # them for the next round; deltas carry whole states, so a resend is harmless
+                await _publish(layer, client, due)
                 pending -= due
                 last_sent.update(dict.fromkeys(due, now))
-                await _publish(layer, client, due)
         except (redis.RedisError, OSError, DatabaseError) as error:
             logger.warning("live publisher: %s; retrying", error)
             await asyncio.sleep(1)

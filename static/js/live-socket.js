@@ -9,6 +9,12 @@
   const open = new Map();
   const sockets = new Map();
   let heldUntil = 0;
+  // Reconnecting: the wait doubles from RETRY_FIRST_MS to RETRY_CAP_MS, each scaled by a
+  // random 0.5-1.0 so that the pages a restart of Redis or of the server closed at one
+  // instant do not all come back at one instant. The cap bounds how long a page shows stale
+  // state once the server is back: docs/faults.md (7) holds it to 10 s with 200 pages.
+  const RETRY_FIRST_MS = 500;
+  const RETRY_CAP_MS = 4000;
 
   function showStatus() {
     const all = config.clusters.length > 0 && config.clusters.every((name) => open.get(name));
@@ -29,7 +35,7 @@
     let seq = null;
     const socket = new WebSocket(socketUrl(cluster));
     sockets.set(cluster, socket);
-    socket.onopen = () => { retry = 500; open.set(cluster, true); showStatus(); };
+    socket.onopen = () => { retry = RETRY_FIRST_MS; open.set(cluster, true); showStatus(); };
     socket.onmessage = (message) => {
       const data = JSON.parse(message.data);
       if (data.type === "snapshot") {
@@ -49,13 +55,13 @@
     };
     socket.onclose = () => {
       open.set(cluster, false); showStatus();
-      const wait = Math.max(retry, heldUntil - Date.now());
-      setTimeout(() => connect(cluster, Math.min(retry * 2, 10000)), wait);
+      const wait = Math.max(retry * (0.5 + Math.random() / 2), heldUntil - Date.now());
+      setTimeout(() => connect(cluster, Math.min(retry * 2, RETRY_CAP_MS)), wait);
     };
   }
 
   showStatus();
-  config.clusters.forEach((cluster) => connect(cluster, 500));
+  config.clusters.forEach((cluster) => connect(cluster, RETRY_FIRST_MS));
   // drop(ms): close every socket as a network failure would, and stay offline at least `ms`
   // (they reconnect and resync from a snapshot). For tests and for trying it by hand.
   window.opsboardLive = {

@@ -60,11 +60,20 @@ def wait_for(
 
 
 class SupervisedJob:
-    """`opsboard-agent supervise --node NODE --run RUN -- e2e_launch.py …` in its own session,
-    its output in tests/artifacts/logs/e2e-job.log."""
+    """`opsboard-agent supervise --node NODE --run RUN -- e2e_launch.py --ranks RANKS …` in its
+    own session, its output in tests/artifacts/logs/LOG_NAME.log."""
 
     def __init__(
-        self, *, server: str, secret: str, run: str, node: str, workdir: Path, nodes: str
+        self,
+        *,
+        server: str,
+        secret: str,
+        run: str,
+        node: str,
+        workdir: Path,
+        nodes: str,
+        ranks: int = 4,
+        log_name: str = "e2e-job",
     ) -> None:
         self.workdir, self.run, self.node = workdir, run, node
         self.token_file = workdir / "token"
@@ -72,13 +81,13 @@ class SupervisedJob:
         self.token_file.chmod(0o600)
         self.launches_log = workdir / "launches.jsonl"
         self.checkpoint_dir = workdir / "checkpoints"  # one shared directory: "durable"
-        self.log_path = LOG_DIR / "e2e-job.log"
+        self.log_path = LOG_DIR / f"{log_name}.log"
         self.argv = [
             *(sys.executable, "-m", "opsboard_agent", "supervise", "--server", server),
             *("--token-file", str(self.token_file), "--node", node, "--run", run),
             *("--grace", "20", "--wait", "10", "--spool-dir", str(workdir / "supervise-spool")),
             "--",
-            *(sys.executable, str(LAUNCH), "--ranks", "4", "--default-nodes", nodes),
+            *(sys.executable, str(LAUNCH), "--ranks", str(ranks), "--default-nodes", nodes),
             *("--spool-dir", str(workdir / "spool"), "--log", str(self.launches_log), "--"),
             *("--server", server, "--token-file", str(self.token_file), "--run", run),
             # a few steps a second, no checksums: light on a 2-core machine
@@ -123,6 +132,11 @@ class SupervisedJob:
             return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
+
+    def survivors(self) -> list[int]:
+        """Every process ever seen below the supervisor (remember_processes) still alive."""
+        self.remember_processes()
+        return [pid for pid in self._seen if self.alive(pid)]
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
