@@ -4,16 +4,24 @@ holds this test's rows alone."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
 
 from launcher.procs import ROOT
 from tests.conftest import stack_env
 from tests.faults.ingest import SAMPLES_PER_BATCH, STEPS_PER_BATCH
 from tests.faults.postgres_server import PrivatePostgres
 from tests.stackproc import Stack
+
+# a sitecustomize that dumps every thread's stack on SIGRTMIN+1 (stack_dump)
+STACK_DUMP = Path(__file__).parent / "stackdump"
 
 
 def manage(env: dict[str, str], *args: str) -> str:
@@ -33,7 +41,9 @@ def manage(env: dict[str, str], *args: str) -> str:
 def private_stack(live_stack, database: PrivatePostgres, **env: str) -> Iterator[Stack]:
     """A migrated private database under a stack of its own. The session stack's workers
     stand still meanwhile (two cores: four Celery workers and beat would compete)."""
-    stack = Stack(stack_env(DATABASE_URL=database.url, **env), name=env["OPSBOARD_REDIS_PREFIX"])
+    dump = [str(STACK_DUMP), *filter(None, [os.environ.get("PYTHONPATH")])]
+    environment = stack_env(DATABASE_URL=database.url, PYTHONPATH=os.pathsep.join(dump), **env)
+    stack = Stack(environment, name=env["OPSBOARD_REDIS_PREFIX"])
     manage(stack.env, "migrate", "--noinput", "-v0")
     live_stack.worker.stop()
     live_stack.periodic.stop()
@@ -43,6 +53,13 @@ def private_stack(live_stack, database: PrivatePostgres, **env: str) -> Iterator
         stack.stop()
         live_stack.worker.start()
         live_stack.periodic.start()
+
+
+def stack_dump(stack: Stack) -> None:
+    """Every web worker writes its threads' stacks to the web log (tests/artifacts/logs)."""
+    assert stack.web.popen is not None
+    for worker in psutil.Process(stack.web.popen.pid).children():
+        worker.send_signal(signal.SIGRTMIN + 1)
 
 
 def token_issue(stack: Stack, cluster: str) -> str:

@@ -16,6 +16,7 @@ from tests.faults.postgres_server import PrivatePostgres
 from tests.faults.private_stack import (
     assert_stored_exactly_once,
     private_stack,
+    stack_dump,
     token_issue,
     unprocessed,
 )
@@ -50,13 +51,15 @@ def frozen_stack(live_stack, live_db, tmp_path):
         database.remove()
 
 
-def frozen(what, sender: Sender, prober: Prober) -> tuple[float, int, dict[int, int]]:
+def frozen(what, stack, sender: Sender, prober: Prober) -> tuple[float, int, dict[int, int]]:
     """Freeze `what` for FREEZE_S; (the longest request meanwhile, batches accepted, answers)."""
     sender.longest_s = prober.longest_s = 0.0
     accepted, statuses = len(sender.accepted), dict(sender.statuses)
     what.freeze()
     try:
-        time.sleep(FREEZE_S)
+        time.sleep(FREEZE_S * 2 / 3)
+        stack_dump(stack)  # where the workers wait, in the web log
+        time.sleep(FREEZE_S / 3)
     finally:
         what.thaw()
     time.sleep(REQUEST_BOUND_S)  # a request sent just before SIGCONT ends within its bound
@@ -78,8 +81,8 @@ def test_nothing_hangs_while_redis_then_postgres_is_frozen_and_all_resumes(froze
     prober.start()
     try:
         wait_until(lambda: len(sender.accepted) >= count // 6, 600, "a sixth of the ingest")
-        redis_frozen = frozen(redis, sender, prober)
-        postgres_frozen = frozen(database, sender, prober)
+        redis_frozen = frozen(redis, stack, sender, prober)
+        postgres_frozen = frozen(database, stack, sender, prober)
         sender.join(1800)
         last = time.monotonic()
         wait_until(lambda: unprocessed(database) == 0, 600, "the inbox drained after the freezes")
