@@ -5,6 +5,7 @@ Everything binds 127.0.0.1 and is stopped by the fixture that started it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -83,6 +84,11 @@ class Process:
                 self.popen.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if self.popen:
+            # a child that outlived its group's leader: Celery's embedded beat, stopped just
+            # after its start, was left running (orphaned) when the worker exited
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
 
     @property
     def running(self) -> bool:
