@@ -9,6 +9,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from apps.core.db_wait import BoundedConnection
 from opsboard.env import env, envbool, envfloat, envint, envlist
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -65,6 +66,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # outermost: a request that found the database down is answered 503, never 500
+    "apps.core.middleware.DatabaseUnavailableMiddleware",
     # /healthz, /readyz, /metrics: before the host check and the HTTPS redirect (pod probes)
     "apps.metrics.middleware.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -91,6 +94,7 @@ MIDDLEWARE = [
 OPSBOARD_ROLE = env("OPSBOARD_ROLE", "")
 if OPSBOARD_ROLE == "ingest":
     MIDDLEWARE = [
+        "apps.core.middleware.DatabaseUnavailableMiddleware",
         "apps.metrics.middleware.ProbeMiddleware",
         "django.middleware.security.SecurityMiddleware",
         "apps.ingest.middleware.IngestCountMiddleware",
@@ -147,8 +151,13 @@ DATABASES["default"]["OPTIONS"].setdefault(
         "max_size": envint("DB_POOL_MAX", 8),
         # a dead database must give a fast 503, not a request that hangs for the pool
         "timeout": envfloat("DB_POOL_TIMEOUT", 2),
+        # within a request, each wait for an answer is bounded (DB_REQUEST_TIMEOUT)
+        "connection_class": BoundedConnection,
     },
 )
+# The longest an HTTP request waits for any one answer from Postgres (client side, so a frozen
+# server too; 0: unbounded): past it, 503 + Retry-After (apps/core/db_wait.py, docs/faults.md).
+DB_REQUEST_TIMEOUT = envfloat("DB_REQUEST_TIMEOUT", 5)
 # Postgres's JIT compiled mid-size page reads for 10-270 ms each at 1,024 ranks, more than it
 # saved (docs/performance-history.md); DB_JIT=true gives it back.
 if not envbool("DB_JIT", "false"):

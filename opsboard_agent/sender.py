@@ -107,7 +107,8 @@ class Sender:
             return None
         self.stats.attempts += 1
         try:
-            status, headers, body = self._post(entry)
+            with self.spool.sending(entry.seq):
+                status, headers, body = self._post(entry)
         except (OSError, http.client.HTTPException) as exc:
             self._close_connection()
             return self._retry_later(entry, f"{type(exc).__name__}: {exc}")

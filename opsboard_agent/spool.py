@@ -9,7 +9,8 @@ the whole batch or no batch visible, never half of one (stale `.tmp-` files are 
 open). A `lock` file (flock) keeps two processes from sharing a spool.
 
 The spool is bounded by bytes: at the cap the oldest batches are dropped and counted in
-`dropped` (newer telemetry is worth more than older when something must go).
+`dropped` (newer telemetry is worth more than older when something must go), all but the
+one being sent: a batch counted as dropped is never delivered.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import logging
 import os
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +56,7 @@ class Spool:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.dropped = 0
+        self._sending: int | None = None  # the seq of the batch being sent (`sending`)
         self._lock = threading.Lock()
         self._lock_file = open(self.directory / "lock", "a")  # noqa: SIM115 - held open
         try:
@@ -84,11 +88,15 @@ class Spool:
 
     def put(self, batch_id: str, body: bytes) -> int:
         """Store one batch durably; returns its sequence number. When the spool would go
-        over `max_bytes`, the oldest batches are dropped first (a batch bigger than the
-        whole cap is still kept, alone)."""
+        over `max_bytes`, the oldest batches are dropped first, but for the one being sent
+        (a batch bigger than the whole cap is still kept, alone or beside that one)."""
         with self._lock:
-            while self._entries and self._bytes + len(body) > self.max_bytes:
-                oldest = next(iter(self._entries))
+            while self._bytes + len(body) > self.max_bytes:
+                # never the batch on the wire: it may be delivered yet, and would then be
+                # counted as dropped and stored both (the next oldest goes instead)
+                oldest = next((seq for seq in self._entries if seq != self._sending), None)
+                if oldest is None:
+                    break
                 self._discard(oldest)
                 self.dropped += 1
                 if _worth_logging(self.dropped):
@@ -143,6 +151,17 @@ class Spool:
                     self.dropped += 1
                     continue
                 return Entry(seq, batch_id, body)
+
+    @contextmanager
+    def sending(self, seq: int) -> Iterator[None]:
+        """While the batch `seq` is on the wire, the cap drops others, never it."""
+        with self._lock:
+            self._sending = seq
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._sending = None
 
     def remove(self, seq: int) -> None:
         """Forget a delivered (or rejected) batch. Removing one already dropped is a no-op.

@@ -84,8 +84,9 @@ class Process:
                 self.popen.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
-            # A Celery worker stopped while it was still starting exits and leaves a child
-            # (its beat, a pool process) in the group: seen as orphans after a test session.
+        if self.popen:
+            # a child that outlived its group's leader: Celery's embedded beat, or a pool
+            # process, of a worker stopped just after its start was left running (orphaned)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGKILL)
 

@@ -18,6 +18,8 @@ import redis
 from django.conf import settings
 from redis.commands.core import Script
 
+from apps.core.redis import redis_connect
+
 logger = logging.getLogger(__name__)
 
 # Seconds the limiter stays off after Redis failed (fail open without a timeout per request).
@@ -50,9 +52,7 @@ _down_until = 0.0
 
 @cache
 def _script() -> Script:
-    client = redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
-    )
+    client = redis_connect(settings.REDIS_URL, timeout=0.5, connect_timeout=0.5)
     # EVALSHA, falling back to EVAL once per process when Redis does not know the script
     return client.register_script(_TAKE)
 

@@ -8,9 +8,10 @@ PROBES = {"/healthz": views.healthz, "/readyz": views.readyz, "/metrics": views.
 
 
 class ProbeMiddleware:
-    """First in MIDDLEWARE: a GET of a probe path is answered here, before the host check,
-    the HTTPS redirect, sessions and the ingest pool's path filter (every pool answers the
-    probes: each is its own pod)."""
+    """First in MIDDLEWARE but for DatabaseUnavailableMiddleware (which only rewrites 500s):
+    a GET of a probe path is answered here, before the host check, the HTTPS redirect,
+    sessions and the ingest pool's path filter (every pool answers the probes: each is its
+    own pod)."""
 
     def __init__(self, get_response):
         self.get_response = get_response

@@ -18,6 +18,7 @@ from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from apps.core.redis import redis_connect
 from apps.metrics.auth import scrape_refusal
 from apps.metrics.collect import exposition
 
@@ -70,9 +71,7 @@ def _database() -> str:
 
 @cache
 def _broker_client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(
-        url, socket_timeout=BROKER_TIMEOUT_S, socket_connect_timeout=BROKER_TIMEOUT_S
-    )
+    return redis_connect(url, timeout=BROKER_TIMEOUT_S, connect_timeout=BROKER_TIMEOUT_S)
 
 
 def _broker() -> str:

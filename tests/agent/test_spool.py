@@ -39,6 +39,23 @@ def test_at_the_cap_it_drops_the_oldest_and_counts(tmp_path):
     assert len(list(tmp_path.glob("*.batch"))) == 5
 
 
+def test_at_the_cap_it_keeps_the_batch_being_sent_and_drops_the_next_oldest(tmp_path):
+    # dropped while on the wire, a batch the server then stored was counted as lost too
+    size = len(body("b00"))
+    spool = Spool(tmp_path, max_bytes=size * 3)
+    for i in range(3):
+        spool.put(f"b{i:02d}", body(f"b{i:02d}"))
+    entry = spool.oldest()
+    with spool.sending(entry.seq):
+        spool.put("b03", body("b03"))
+    assert spool.batch_ids() == ["b00", "b02", "b03"]
+    assert spool.dropped == 1
+    spool.remove(entry.seq)  # delivered
+    spool.put("b04", body("b04"))
+    assert spool.batch_ids() == ["b02", "b03", "b04"]
+    assert spool.dropped == 1
+
+
 def test_it_survives_a_restart_with_the_same_batch_ids(tmp_path):
     spool = Spool(tmp_path, max_bytes=1 << 20)
     for i in range(4):

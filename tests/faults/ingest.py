@@ -55,6 +55,8 @@ class Sender:
     accepted: list[str] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
     error: BaseException | None = None
+    longest_s: float = 0.0  # the longest request, answered or not
+    no_retry_after: int = 0  # 429s and 503s without a Retry-After header
 
     def __post_init__(self) -> None:
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -72,22 +74,32 @@ class Sender:
             self.error = error
 
     def _post(self, batch: dict) -> None:
+        unanswered = False  # an attempt got no answer: the server may have the batch
         for _ in range(self.attempts):
+            started = time.monotonic()
             try:
                 response = self.agent.post(batch, gzip_body=True)
             except Exception:  # the connection itself failed: an agent retries
+                self._took(started)
                 self.statuses[0] = self.statuses.get(0, 0) + 1
+                unanswered = True
                 time.sleep(0.5)
                 continue
+            self._took(started)
             status = response.status_code
             self.statuses[status] = self.statuses.get(status, 0) + 1
-            # 200 duplicate: an earlier try was stored, its answer lost with its server
-            if status == 202 or (status == 200 and response.json().get("duplicate")):
+            if status == 202 or (status == 200 and unanswered):
+                # a 200 duplicate after an unanswered attempt: that attempt's 202 was lost
                 self.accepted.append(batch["batch_id"])
                 return
             assert status in (429, 503), (status, response.text)
+            if "Retry-After" not in response.headers:
+                self.no_retry_after += 1
             time.sleep(min(float(response.headers.get("Retry-After", "1")), 2.0))
         raise AssertionError(f"{batch['batch_id']} never accepted")
+
+    def _took(self, started: float) -> None:
+        self.longest_s = max(self.longest_s, time.monotonic() - started)
 
     def join(self, timeout: float) -> None:
         self.thread.join(timeout)

@@ -45,9 +45,19 @@ class PrivateRedis:
             self.process.send_signal(signal.SIGTERM)
             self.process.wait(timeout=30)
 
+    def freeze(self) -> None:
+        """SIGSTOP: connections stay open, nobody answers."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def lose_everything(self) -> None:
         """Killed, and its data gone with the disk: it comes back empty."""
         if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # were it frozen
             self.process.kill()
             self.process.wait(timeout=30)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -105,7 +105,8 @@ class Fleet:
 
 
 class FailoverAgent(AgentClient):
-    """An agent behind a load balancer: a refused connection moves it to the other front."""
+    """An agent behind a load balancer: after a failed connection its retry goes to the
+    other front (the failure still reaches the Sender, which retries the batch)."""
 
     def __init__(self, urls: list[str], secret: str) -> None:
         self.clients = [AgentClient(url, secret) for url in urls]
@@ -113,12 +114,11 @@ class FailoverAgent(AgentClient):
         self.current = next(self.turn)
 
     def post(self, batch, **kwargs) -> httpx.Response:
-        for _ in range(len(self.clients)):
-            try:
-                return self.clients[self.current].post(batch, **kwargs)
-            except httpx.TransportError:
-                self.current = next(self.turn)
-        return self.clients[self.current].post(batch, **kwargs)
+        try:
+            return self.clients[self.current].post(batch, **kwargs)
+        except httpx.TransportError:
+            self.current = next(self.turn)
+            raise
 
 
 class Poller(threading.Thread):

@@ -200,6 +200,12 @@ def test_ingest_answers_503_with_retry_after_when_postgres_is_down(tmp_path, liv
             headers={"Authorization": f"Bearer {secret}"},
         )
         assert reading.status_code == 503
+        # a page: its session is read from the database (a 503 from any middleware or view)
+        page = httpx.get(
+            f"{stack.url}/", cookies={"sessionid": "0123456789abcdefghijklmnopqrstuv"}, timeout=30
+        )
+        assert page.status_code == 503
+        assert int(page.headers["Retry-After"]) > 0
     finally:
         stack.stop()
         with _environment(OPSBOARD_VAR_DIR=str(tmp_path)):

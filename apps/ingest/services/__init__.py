@@ -90,7 +90,13 @@ def batch_enqueue(*, inbox_id: int | None) -> bool:
     for the inbox sweep."""
     if not _breaker.allows():
         return False
-    if not _drain_pending_take():
+    taken = _drain_pending_take()
+    if taken is None and settings.CELERY_BROKER_URL == settings.REDIS_URL:
+        # the flag's Redis, which did not answer, is the broker: a publish would only wait
+        # out the broker's socket timeout too (a frozen Redis held a POST 9 s)
+        _breaker.trip()
+        return False
+    if taken is False:
         return False
     try:
         # the id (or None) as the one argument: a worker of the previous version runs it too
@@ -108,15 +114,16 @@ def _drain_pending_key() -> str:
     return f"{settings.REDIS_PREFIX}:ingest:drain-pending"
 
 
-def _drain_pending_take() -> bool:
-    """Take the pending flag; True when taken, or when Redis failed (publish anyway: a spare
-    task drains nothing, a lost wake-up would wait for the sweep)."""
+def _drain_pending_take() -> bool | None:
+    """Take the pending flag; True when taken, None when Redis failed (a broker elsewhere
+    is published to anyway: a spare task drains nothing, a lost wake-up would wait for the
+    sweep)."""
     ttl_ms = max(1, int(settings.INGEST_DRAIN_PENDING_TTL * 1000))
     try:
         return bool(redis_client().set(_drain_pending_key(), b"1", nx=True, px=ttl_ms))
     except redis.RedisError:
-        logger.warning("redis unavailable; publishing the drain without the pending flag")
-        return True
+        logger.warning("redis unavailable; the drain-pending flag is not taken")
+        return None
 
 
 def _drain_pending_clear() -> None:
