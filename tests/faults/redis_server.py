@@ -3,15 +3,19 @@ shared one), which a test may stop, wipe and start again."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
 
 from launcher.procs import free_port, wait_until
 from opsboard.embedded import redis_server_binary
+from tests.conftest import stack_env
+from tests.stackproc import Stack
 
 
 class PrivateRedis:
@@ -64,3 +68,28 @@ class PrivateRedis:
 
     def keys(self) -> int:
         return int(redis.Redis(port=self.port).dbsize())
+
+
+@contextlib.contextmanager
+def stack_on_private_redis(
+    live_stack, directory, *, name: str, publisher: bool = True, **env: str
+) -> Iterator[tuple[Stack, PrivateRedis]]:
+    """(stack, its Redis): a stack of its own named `name` on a private Redis in `directory`.
+    The session stack's workers stand still meanwhile: its sweep would otherwise store this
+    test's inbox rows through its own Redis. Afterwards the Redis and its data are gone and
+    the session's workers run again."""
+    server = PrivateRedis(directory).start()
+    live_stack.worker.stop()
+    live_stack.periodic.stop()
+    stack = Stack(
+        stack_env(REDIS_URL=server.url, OPSBOARD_REDIS_PREFIX=f"opsboard-{name}", **env),
+        name=name,
+        publisher=publisher,
+    )
+    try:
+        yield stack.start(), server
+    finally:
+        stack.stop()
+        server.lose_everything()
+        live_stack.worker.start()
+        live_stack.periodic.start()

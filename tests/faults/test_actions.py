@@ -23,8 +23,7 @@ from apps.commands.models import Command, CommandTransition
 from apps.runs.models import Run, StepReport
 from launcher.procs import wait_until
 from tests.commands.e2e import SupervisedJob, wait_for
-from tests.conftest import stack_env
-from tests.faults.redis_server import PrivateRedis
+from tests.faults.redis_server import stack_on_private_redis
 from tests.stackproc import Stack
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
@@ -42,19 +41,11 @@ TUNED = {
 
 @pytest.fixture
 def action_stack(live_stack, tmp_path, live_db):
-    """(stack, its Redis): as test_redis_outage.py, the session stack's workers stand still."""
-    server = PrivateRedis(tmp_path / "redis").start()
-    live_stack.worker.stop()
-    live_stack.periodic.stop()
-    env = stack_env(REDIS_URL=server.url, OPSBOARD_REDIS_PREFIX="opsboard-faults-act", **TUNED)
-    stack = Stack(env, name="faults-actions")
-    try:
-        yield stack.start(), server
-    finally:
-        stack.stop()
-        server.lose_everything()
-        live_stack.worker.start()
-        live_stack.periodic.start()
+    """(stack, its Redis): a stack of its own on a private Redis (tests.faults.redis_server)."""
+    with stack_on_private_redis(
+        live_stack, tmp_path / "redis", name="faults-actions", **TUNED
+    ) as pair:
+        yield pair
 
 
 class World:

@@ -15,13 +15,12 @@ from apps.access.models import ClusterRole
 from apps.clusters.services import token_issue
 from apps.live.selectors import node_health_list
 from launcher.procs import wait_until
-from tests.conftest import AgentClient, make_batch, stack_env
+from tests.conftest import AgentClient, make_batch
 from tests.faults.ingest import unprocessed
 from tests.faults.live_clients import LiveClients
-from tests.faults.redis_server import PrivateRedis
+from tests.faults.redis_server import stack_on_private_redis
 from tests.live.test_session_lifetime import PASSWORD
 from tests.live.test_socket_ends import log_in
-from tests.stackproc import Stack
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
 
@@ -32,22 +31,9 @@ DOWN_S = float(os.environ.get("FAULTS_WS_REDIS_DOWN_S", "20"))
 
 @pytest.fixture
 def ws_stack(live_stack, tmp_path, live_db):
-    """A stack of its own on a private Redis (as test_redis_outage.py); the session stack's
-    workers stand still meanwhile."""
-    server = PrivateRedis(tmp_path / "redis").start()
-    live_stack.worker.stop()
-    live_stack.periodic.stop()
-    stack = Stack(
-        stack_env(REDIS_URL=server.url, OPSBOARD_REDIS_PREFIX="opsboard-faults-ws"),
-        name="faults-ws",
-    )
-    try:
-        yield stack.start(), server
-    finally:
-        stack.stop()
-        server.lose_everything()
-        live_stack.worker.start()
-        live_stack.periodic.start()
+    """A stack of its own on a private Redis (tests.faults.redis_server)."""
+    with stack_on_private_redis(live_stack, tmp_path / "redis", name="faults-ws") as pair:
+        yield pair
 
 
 def db_view(cluster_id: int) -> dict[str, dict]:

@@ -9,10 +9,9 @@ import pytest
 
 from apps.clusters.services import token_issue
 from launcher.procs import wait_until
-from tests.conftest import AgentClient, stack_env
+from tests.conftest import AgentClient
 from tests.faults.ingest import Sender, assert_stored_exactly_once, batch_count, unprocessed
-from tests.faults.redis_server import PrivateRedis
-from tests.stackproc import Stack
+from tests.faults.redis_server import stack_on_private_redis
 
 pytestmark = [
     pytest.mark.faults,
@@ -25,23 +24,11 @@ DOWN_S = float(os.environ.get("FAULTS_REDIS_DOWN_S", "60"))
 
 @pytest.fixture
 def redis_stack(live_stack, tmp_path, live_db):
-    """A stack of its own on a private Redis. The session stack's workers stand still
-    meanwhile: its sweep would otherwise store this test's inbox rows through its own Redis."""
-    server = PrivateRedis(tmp_path / "redis").start()
-    live_stack.worker.stop()
-    live_stack.periodic.stop()
-    stack = Stack(
-        stack_env(REDIS_URL=server.url, OPSBOARD_REDIS_PREFIX="opsboard-faults-redis"),
-        name="faults-redis",
-        publisher=False,
-    )
-    try:
-        yield stack.start(), server
-    finally:
-        stack.stop()
-        server.lose_everything()
-        live_stack.worker.start()
-        live_stack.periodic.start()
+    """A stack of its own on a private Redis (tests.faults.redis_server)."""
+    with stack_on_private_redis(
+        live_stack, tmp_path / "redis", name="faults-redis", publisher=False
+    ) as stack_and_server:
+        yield stack_and_server
 
 
 def test_ingest_through_a_redis_outage_and_a_wiped_redis_stores_every_batch_once(redis_stack):
