@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
@@ -272,3 +273,26 @@ def _wait_zero(conninfo_: str, count_sql: str) -> None:
     with psycopg.connect(conninfo_, autocommit=True) as conn:
         while conn.execute(count_sql).fetchone()[0]:
             time.sleep(0.2)
+
+
+def deployment_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that run the ingest pool and worker as deployed (or not), shared by the
+    benches that start a stack."""
+    parser.add_argument(
+        "--ingest-nice",
+        type=int,
+        default=10,
+        help="niceness of the ingest pool and worker, as deployed (INGEST_NICE); 0: none",
+    )
+    parser.add_argument(
+        "--ingest-sched",
+        choices=["idle", "normal"],
+        default="idle",
+        help="scheduling class of the ingest pool and worker, as deployed (INGEST_SCHED_IDLE)",
+    )
+    parser.add_argument(
+        "--ingest-group",
+        choices=["idle", "none"],
+        default="idle",
+        help="an idle cpu cgroup for the ingest pool and worker, as deployed (INGEST_IDLE_GROUP)",
+    )

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench import step_disk  # noqa: E402
 from bench.common import (  # noqa: E402
     BenchStack,
+    deployment_arguments,
     inbox_wait_empty,
     percentile,
     prepare_database,
@@ -93,24 +94,7 @@ def main() -> int:
         default="gunicorn",
         help="server for the HTTP API (websockets always on uvicorn)",
     )
-    parser.add_argument(
-        "--ingest-nice",
-        type=int,
-        default=10,
-        help="niceness of the ingest pool and worker, as deployed (INGEST_NICE); 0: none",
-    )
-    parser.add_argument(
-        "--ingest-sched",
-        choices=["idle", "normal"],
-        default="idle",
-        help="scheduling class of the ingest pool and worker, as deployed (INGEST_SCHED_IDLE)",
-    )
-    parser.add_argument(
-        "--ingest-group",
-        choices=["idle", "none"],
-        default="idle",
-        help="an idle cpu cgroup for the ingest pool and worker, as deployed (INGEST_IDLE_GROUP)",
-    )
+    deployment_arguments(parser)
     args = parser.parse_args()
 
     env, conninfo = prepare_database()

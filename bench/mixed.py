@@ -60,21 +60,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--ingest-workers", type=int, default=3)
     parser.add_argument("--worker-concurrency", type=int, default=2)
-    parser.add_argument(
-        "--ingest-nice", type=int, default=10, help="of the ingest pool and worker, as deployed"
-    )
-    parser.add_argument(
-        "--ingest-sched",
-        choices=["idle", "normal"],
-        default="idle",
-        help="scheduling class of the ingest pool and worker, as deployed (INGEST_SCHED_IDLE)",
-    )
-    parser.add_argument(
-        "--ingest-group",
-        choices=["idle", "none"],
-        default="idle",
-        help="an idle cpu cgroup for the ingest pool and worker, as deployed",
-    )
+    common.deployment_arguments(parser)
     parser.add_argument(
         "--processes", type=int, default=1, help="locust processes (-1: one per core)"
     )
