@@ -138,11 +138,13 @@ def health_update(*, series: SampleColumns) -> None:
         )
 
 
-# The series to compact in a window: those with an unsealed (per-batch) row starting in it.
-# Each one's sealed row there, if any, merges with its late rows: read, merged, rewritten.
+# The series to compact in a window, with the points of all their rows there: those with an
+# unsealed (per-batch) row starting in it. Each one's sealed row there, if any, merges with
+# its late rows: read, merged, rewritten.
 _SERIES_TO_COMPACT_SQL = """
-SELECT DISTINCT node_id, metric_id, gpu FROM telemetry_chunk
-WHERE t0 >= %(start)s AND t0 < %(end)s AND NOT sealed
+SELECT node_id, metric_id, gpu, sum(n) FROM telemetry_chunk
+WHERE t0 >= %(start)s AND t0 < %(end)s
+GROUP BY node_id, metric_id, gpu HAVING bool_or(NOT sealed)
 """
 _VICTIMS_SQL = """
 DELETE FROM telemetry_chunk c
@@ -152,7 +154,11 @@ WHERE c.node_id = s.node_id AND c.metric_id = s.metric_id AND c.gpu = s.gpu
 RETURNING c.node_id, c.metric_id, c.gpu, (extract(epoch FROM c.t0) * 1000000)::int8,
           c.offsets_ms, c.vals, c.ts_pco, c.vals_pco
 """
-COMPACT_SERIES_BATCH = 5000  # series merged per statement: bounds the points held in memory
+# Points merged per statement, in whole series: what a statement holds in memory as Python
+# objects (≈ 80 B a point). Bounded by series alone (5,000 a statement) a soak at 20 k
+# samples/s held a whole 10-minute window at once, and the periodic worker's RSS went
+# 823 → 1,709 MiB in 3 minutes (docs/faults.md, 10).
+COMPACT_POINTS_BATCH = 1_000_000
 COMPACT_GRACE_S = 60  # a window is compacted once it ended this long ago (late batches)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -178,11 +184,24 @@ def chunks_compact(*, now: datetime, lookback_windows: int = 6) -> int:
             if not cursor.fetchone()[0]:
                 return written
             cursor.execute(_SERIES_TO_COMPACT_SQL, window)
-            series = cursor.fetchall()
-            for first in range(0, len(series), COMPACT_SERIES_BATCH):
-                keys = series[first : first + COMPACT_SERIES_BATCH]
+            for keys in series_groups(cursor.fetchall(), points=COMPACT_POINTS_BATCH):
                 written += _series_compact(cursor, keys=keys, window=window, width=width)
     return written
+
+
+def series_groups(series: list[tuple], *, points: int) -> Iterable[list[tuple]]:
+    """(node, metric, gpu, points) rows in groups of whole series holding about `points`
+    points at most (a series larger than that alone)."""
+    group: list[tuple] = []
+    held = 0
+    for node_id, metric_id, gpu, count in series:
+        if group and held + count > points:
+            yield group
+            group, held = [], 0
+        group.append((node_id, metric_id, gpu))
+        held += count
+    if group:
+        yield group
 
 
 def _series_compact(cursor: Any, *, keys: list[tuple], window: dict[str, Any], width: int) -> int:
