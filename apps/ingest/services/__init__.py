@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -11,7 +10,6 @@ from datetime import datetime
 
 import orjson
 import psycopg
-import redis
 from django import db
 from django.conf import settings
 from django.db import connection, transaction
@@ -19,13 +17,13 @@ from django.db import connection, transaction
 from apps.clusters.models import AgentToken, Node
 from apps.clusters.services import nodes_touch
 from apps.core.db import server_cursor
-from apps.core.redis import redis_client
 from apps.core.tasks import queue_length, task_enqueue
 from apps.history.services import runs_mark_dirty, series_mark_dirty
 from apps.ingest.models import decode_payload
 from apps.ingest.services.backpressure import drain_heartbeat
 from apps.ingest.services.latency import batches_latency_observe
 from apps.ingest.services.stored import StoredBatch, stored_batch_decode, stored_batch_from
+from apps.ingest.services.wakeup import BATCH_PROCESS_TASK, batch_enqueue, drain_pending_clear
 from apps.live.services import live_mark_dirty
 from apps.runs.services import RunSeen, events_store, runs_touch, steps_store
 from apps.telemetry.columns import Sample, columns_from_records
@@ -33,9 +31,6 @@ from apps.telemetry.services import health_update, samples_store
 
 logger = logging.getLogger(__name__)
 
-BROKER_BACKOFF_S = 5.0
-# The task that drains an inbox row (apps/ingest/tasks.py registers it under this name)
-BATCH_PROCESS_TASK = "ingest.batch_process"
 NODE_NAME_MAX = Node._meta.get_field("name").max_length
 
 
@@ -61,78 +56,6 @@ def batch_accept(
     return row[0]
 
 
-class _BrokerBreaker:
-    """After a failed publish, skip publishing for a while: the inbox sweep covers the gap,
-    and agents keep getting fast 202s instead of waiting on a dead broker each time."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open_until = 0.0
-
-    def allows(self) -> bool:
-        return time.monotonic() >= self._open_until
-
-    def trip(self) -> None:
-        with self._lock:
-            self._open_until = time.monotonic() + BROKER_BACKOFF_S
-
-
-_breaker = _BrokerBreaker()
-
-
-def batch_enqueue(*, inbox_id: int | None) -> bool:
-    """Wake a drain for a committed inbox row; True when this call published a drain task.
-
-    One drain task is pending per queue at a time: a call publishes only when it wins the
-    pending flag (SET NX, a lease of INGEST_DRAIN_PENDING_TTL). A call that loses needs no
-    task of its own: the pending one clears the flag when it starts, before it claims, so it
-    sees this row. A row whose wake-up is lost (flag lease on a lost task, broker down) waits
-    for the inbox sweep."""
-    if not _breaker.allows():
-        return False
-    taken = _drain_pending_take()
-    if taken is None and settings.CELERY_BROKER_URL == settings.REDIS_URL:
-        # the flag's Redis, which did not answer, is the broker: a publish would only wait
-        # out the broker's socket timeout too (a frozen Redis held a POST 9 s)
-        _breaker.trip()
-        return False
-    if taken is False:
-        return False
-    try:
-        # the id (or None) as the one argument: a worker of the previous version runs it too
-        task_enqueue(BATCH_PROCESS_TASK, inbox_id, retry=False)
-    except Exception:  # any broker failure: the row is durable, the sweep will enqueue it
-        logger.warning("broker unavailable; inbox row %s left for the sweep", inbox_id)
-        _breaker.trip()
-        _drain_pending_clear()  # the lease is on no task: let the next call try again
-        return False
-    return True
-
-
-def _drain_pending_key() -> str:
-    # one flag per queue: the default queue is named after the prefix
-    return f"{settings.REDIS_PREFIX}:ingest:drain-pending"
-
-
-def _drain_pending_take() -> bool | None:
-    """Take the pending flag; True when taken, None when Redis failed (a broker elsewhere
-    is published to anyway: a spare task drains nothing, a lost wake-up would wait for the
-    sweep)."""
-    ttl_ms = max(1, int(settings.INGEST_DRAIN_PENDING_TTL * 1000))
-    try:
-        return bool(redis_client().set(_drain_pending_key(), b"1", nx=True, px=ttl_ms))
-    except redis.RedisError:
-        logger.warning("redis unavailable; the drain-pending flag is not taken")
-        return None
-
-
-def _drain_pending_clear() -> None:
-    try:
-        redis_client().delete(_drain_pending_key())
-    except redis.RedisError:  # the lease expires by itself; until then the next drain covers
-        logger.warning("redis unavailable; the drain-pending flag expires by itself")
-
-
 def inbox_drain_pending(*, first_id: int | None) -> DrainResult:
     """The drain task's work: clear the pending flag, then drain until the inbox is empty.
 
@@ -142,7 +65,7 @@ def inbox_drain_pending(*, first_id: int | None) -> DrainResult:
     INGEST_DRAIN_ROWS, all unlocked rows were claimed. The work per task is bounded
     (INGEST_DRAIN_TASK_ROUNDS transactions, INGEST_DRAIN_TASK_SECONDS) so that other tasks on
     the queue are not starved; a task that stops with rows left wakes another drain."""
-    _drain_pending_clear()
+    drain_pending_clear()
     limit = max(1, settings.INGEST_DRAIN_ROWS)
     deadline = time.monotonic() + settings.INGEST_DRAIN_TASK_SECONDS
     total = DrainResult()
