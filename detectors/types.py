@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Severity = Literal["warning", "critical"]
 
 
-@dataclass(frozen=True)
-class StepRow:
-    """One rank's report of one training step (the contract's `steps` record)."""
+class StepRow(NamedTuple):
+    """One rank's report of one training step (the contract's `steps` record).
+
+    A named tuple, not a frozen dataclass like the rest: a window holds one per rank and
+    step (33 k for 256 ranks), and a dataclass's __init__ (one object.__setattr__ a field)
+    cost a cluster's pass 70 ms of its 150 ms budget where a tuple costs 8 ms. It is as
+    immutable, reads the same (`row.step_time`), and `row._replace(...)` copies it."""
 
     node: str
     rank: int

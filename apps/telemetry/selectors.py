@@ -145,18 +145,30 @@ def series_points(
             _MANY_SQL, {"nodes": node_ids, "metrics": metric_ids, "start": start, "end": end}
         )
         rows = cursor.fetchall()
-    parts: dict[tuple[int, int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
-    for node_id, metric_id, gpu, *chunk in rows:
-        parts.setdefault((node_id, metric_id, gpu), []).append(chunk_points(*chunk))
+    if not rows:
+        return {}
+    # All chunks at once: one concatenation, one sort by (series, ts), one list conversion;
+    # a Python loop per series cost the detectors' window ~40 µs each (1,792 a cluster).
+    decoded = [chunk_points(*chunk) for _, _, _, *chunk in rows]
+    keys = [(node_id, metric_id, gpu) for node_id, metric_id, gpu, *_ in rows]
+    index = np.repeat(np.arange(len(rows)), [len(ts) for ts, _ in decoded])
+    ts = np.concatenate([chunk[0] for chunk in decoded])
+    values = np.concatenate([chunk[1] for chunk in decoded])
+    # rows come ordered by series, so a series is a run of equal keys: number the runs
+    first = [i == 0 or keys[i] != keys[i - 1] for i in range(len(keys))]
+    starts, series_of_chunk = np.flatnonzero(first), np.cumsum(first) - 1
+    which = series_of_chunk[index]
+    inside = (ts >= start) & (ts < end)
+    which, ts, values = which[inside], ts[inside], values[inside]
+    order = np.lexsort((ts, which))
+    which = which[order]
+    bounds = np.flatnonzero(np.diff(which)) + 1
+    ts_list, values_list = ts[order].tolist(), values[order].tolist()
     series = {}
-    for key, chunks in parts.items():
-        ts = np.concatenate([chunk[0] for chunk in chunks])
-        values = np.concatenate([chunk[1] for chunk in chunks])
-        inside = (ts >= start) & (ts < end)
-        order = np.argsort(ts[inside], kind="stable")
-        points = list(zip(ts[inside][order].tolist(), values[inside][order].tolist(), strict=True))
-        if points:
-            series[key] = points
+    for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(ts_list)], strict=True):
+        if hi > lo:
+            key = keys[starts[which[lo]]]
+            series[key] = list(zip(ts_list[lo:hi], values_list[lo:hi], strict=True))
     return series
 
 

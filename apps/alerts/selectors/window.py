@@ -8,8 +8,10 @@ those timestamps, as if every record had arrived at the moment it carries.
 
 from __future__ import annotations
 
-from dataclasses import fields
 from datetime import UTC, datetime
+from functools import partial
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from django.conf import settings
@@ -124,7 +126,7 @@ def _run_windows(
     if not runs:
         return []
     until = None if started is None else now
-    steps = _steps(runs, names, until=until)
+    steps = _steps(runs, until=until)
     events = run_events_recent(runs, now, until=until)
     windows = []
     for run in runs:
@@ -145,14 +147,16 @@ def _run_windows(
 
 # StepRow's fields after `node`, in its order, as stored columns: rows load positionally, and
 # ts as epoch seconds (a float loads far faster than a timestamptz: 30 k rows a window).
-_STEPROW_FIELDS = [f.name for f in fields(StepRow)][1:]
+_STEPROW_FIELDS = list(StepRow._fields)[1:]
 _STEPROW_COLUMNS = ", ".join(
     "extract(epoch FROM s.ts)::float8" if name == "ts" else f"s.{name}" for name in _STEPROW_FIELDS
 )
-_CANARY_PROJ = _STEPROW_FIELDS.index("canary_proj") + 2  # after run_id and node_id
+_CANARY_PROJ = _STEPROW_FIELDS.index("canary_proj") + 2  # after run_id and the node name
+# StepRow._make without its length check (the columns are its fields): 30 k rows a window
+_step_row = partial(tuple.__new__, StepRow)
 
 
-def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[int, list[StepRow]]:
+def _steps(runs: list[Run], until: float | None) -> dict[int, list[StepRow]]:
     """The last ALERT_STEP_WINDOW steps of every rank of each run (reported at or before
     `until`, if given), oldest first: one statement, a (run_id, step) index range per run
     (rows become StepRows without a model)."""
@@ -162,7 +166,8 @@ def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[
     # Only the run's current timeline: after a restart (its step counter went back) the old
     # timeline's reports of the same step numbers are history, not progress.
     branch = (
-        f"(SELECT s.run_id, s.node_id, {_STEPROW_COLUMNS} FROM runs_stepreport s"
+        f"(SELECT s.run_id, coalesce(n.name, s.node_id::text), {_STEPROW_COLUMNS}"
+        " FROM runs_stepreport s LEFT JOIN clusters_node n ON n.id = s.node_id"
         " WHERE s.run_id = %s AND s.step > %s AND s.ts > %s"
         + ("" if until is None else " AND s.ts <= to_timestamp(%s)")
         + ")"
@@ -172,17 +177,21 @@ def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[
     for run in runs:
         params += [run.id, (run.last_step or 0) - settings.ALERT_STEP_WINDOW, _after(run, until)]
         params += [] if until is None else [until]
-    by_run: dict[int, list[StepRow]] = {}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        for row in cursor.fetchall():
-            if row[_CANARY_PROJ] is not None:
-                row = (*row[:_CANARY_PROJ], tuple(row[_CANARY_PROJ]), *row[_CANARY_PROJ + 1 :])
-            node_id = row[1]
-            by_run.setdefault(row[0], []).append(
-                StepRow(names.get(node_id, str(node_id)), *row[2:])
-            )
-    return by_run
+        rows = cursor.fetchall()
+    # rows come ordered by run: one list per run, a tuple per row (a loop body per row cost
+    # the window more than the query did)
+    return {
+        run_id: [
+            _step_row(row[1:]) if row[_CANARY_PROJ] is None else _with_canary(row) for row in group
+        ]
+        for run_id, group in groupby(rows, key=itemgetter(0))
+    }
+
+
+def _with_canary(row: tuple) -> StepRow:
+    return _step_row((*row[1:_CANARY_PROJ], tuple(row[_CANARY_PROJ]), *row[_CANARY_PROJ + 1 :]))
 
 
 def _after(run: Run, until: float | None) -> datetime:
