@@ -4,7 +4,8 @@ of its own on a Redis of its own. (a) Redis down while a checkpoint and a stop a
 (c) the agent restarted between a stop's delivery and its ack; (d) the supervisor killed
 during a drain's stop. Every command ends in exactly one terminal state, the node is in the
 state its audit log says, and no process of the job survives a stop acked `succeeded`.
-((b), Postgres restarted in the middle of a drain, is not built yet.)"""
+(b), Postgres restarted in the middle of a drain, needs a private Postgres under its stack:
+test_drain_postgres_restart.py."""
 
 import signal
 import time
