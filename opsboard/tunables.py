@@ -54,6 +54,9 @@ COMMANDS_NODE_RETRY_AFTER_S = envfloat("COMMANDS_NODE_RETRY_AFTER_S", 10.0)
 COMMANDS_DRAIN_CHECKPOINT_S = envfloat("COMMANDS_DRAIN_CHECKPOINT_S", 600.0)
 COMMANDS_DRAIN_STOP_S = envfloat("COMMANDS_DRAIN_STOP_S", 300.0)
 beat_schedule["commands-sweep"] = periodic("commands.sweep", COMMANDS_SWEEP_INTERVAL)
+# The sweep re-applies the newest successful stop or resume of each run within this long,
+# in case the run's update after the command's end was lost (apps/commands/services/reactions).
+COMMANDS_RUN_REPLAY_S = envfloat("COMMANDS_RUN_REPLAY_S", 600.0)
 # Each cluster's scheduler state hook (ClusterHooks.state_argv) runs this often: nodes the
 # scheduler reports down leave run plans (docs/actions.md).
 COMMANDS_STATE_HOOK_INTERVAL = envfloat("COMMANDS_STATE_HOOK_INTERVAL", 30.0)

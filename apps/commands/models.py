@@ -72,6 +72,12 @@ class Command(models.Model):
             ),
             models.Index(fields=["run", "issued_at"], name="command_run_issued"),
             models.Index(fields=["node", "issued_at"], name="command_node_issued"),
+            # the sweep's replay of the runs' states reads the recent successful stops/resumes
+            models.Index(
+                fields=["finished_at"],
+                name="command_run_state_finished",
+                condition=models.Q(kind__in=["stop", "resume"], state="succeeded"),
+            ),
         ]
         ordering = ["-issued_at"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -25,8 +25,9 @@ from apps.commands.services.core import CommandConflict, command_move, command_t
 from apps.commands.services.issue import command_issue
 from apps.commands.services.node_commands import node_commands_resend
 from apps.commands.services.nodes import HookFailed, node_cordon, node_drain_settle
+from apps.runs.choices import RunState
 from apps.runs.models import Run
-from apps.runs.services import run_mark_running, run_mark_stopped
+from apps.runs.services import RUN_RESUME_AFTER_S, run_mark_running, run_mark_stopped
 
 SYSTEM = {"user": None, "actor_kind": "policy", "actor_name": "drain"}
 EXPIRY_ACTOR = "expiry sweep"
@@ -104,24 +105,71 @@ def drain_step(*, drain: Command) -> Command:
     return drain
 
 
-def run_state_follow(*, command: Command) -> None:
+def run_state_follow(*, command: Command) -> bool:
     """A succeeded stop makes its run `stopped` once no other stop of the run is still live
     (a run stopped node by node, as a drain's stops or per-node stops are, is stopped when
-    the last supervisor acked); a succeeded resume makes it `running` again."""
+    the last supervisor acked); a succeeded resume makes it `running` again. Returns whether
+    the run changed."""
     if command.run_id is None:
-        return
+        return False
     if command.kind == CommandKind.STOP:
         stops = Command.objects.filter(run_id=command.run_id, kind=CommandKind.STOP)
         if stops.filter(state__in=LIVE_STATES).exists():
-            return
+            return False
         # a run_end from the job going down counts as the stop's from the first stop of
         # this round (the stops that overlapped this one) on
         since = stops.filter(
             state=CommandState.SUCCEEDED, finished_at__gte=command.issued_at
         ).aggregate(first=Min("issued_at"))["first"]
-        run_mark_stopped(run_id=command.run_id, since=since or command.issued_at)
-    elif command.kind == CommandKind.RESUME:
-        run_mark_running(run_id=command.run_id)
+        return run_mark_stopped(
+            run_id=command.run_id, since=since or command.issued_at, at=command.finished_at
+        )
+    if command.kind == CommandKind.RESUME:
+        return run_mark_running(run_id=command.run_id)
+    return False
+
+
+def runs_state_replay(*, now: datetime) -> int:
+    """Runs that do not follow their newest stop or resume that succeeded within the last
+    COMMANDS_RUN_REPLAY_S: the command's end committed and the run's update after it did
+    not (a process or Postgres died between the two, and the agent's repeated ack is a
+    no-op that reacts to nothing). Judged from the run as it is: a run that stepped more
+    than RUN_RESUME_AFTER_S after its stop came back by itself (ingest made it running), and
+    one that ended after its resume ended for real; both are left alone. Returns how many
+    runs changed."""
+    recent = (
+        Command.objects.filter(
+            kind__in=[CommandKind.STOP, CommandKind.RESUME],
+            state=CommandState.SUCCEEDED,
+            finished_at__gte=now - timedelta(seconds=settings.COMMANDS_RUN_REPLAY_S),
+            run__isnull=False,
+        )
+        .order_by("run_id", "-finished_at")
+        .distinct("run_id")
+        .select_related("run")
+    )
+    changed = 0
+    for command in recent:
+        if _run_follows(command.run, command):
+            continue
+        changed += run_state_follow(command=command)
+    return changed
+
+
+def _run_follows(run: Run, command: Command) -> bool:
+    """Whether `run` is as its stop or resume `command` left it, or moved on since."""
+    finished = command.finished_at
+    if finished is None:  # never so for a succeeded command
+        return True
+    if command.kind == CommandKind.STOP:
+        came_back = run.last_step_at is not None and run.last_step_at > finished + timedelta(
+            seconds=RUN_RESUME_AFTER_S
+        )
+        # a run that ended before the stop was issued keeps its end (run_mark_stopped)
+        ended_before = run.ended_at is not None and run.ended_at < command.issued_at
+        return run.state == RunState.STOPPED or came_back or ended_before
+    ended_since = run.ended_at is not None and run.ended_at > finished
+    return run.state == RunState.RUNNING or ended_since
 
 
 def _all_stopped(drain: Command) -> bool:
@@ -186,7 +234,8 @@ def command_expire(*, command_id: uuid.UUID | str) -> bool:
 def commands_sweep() -> dict[str, int]:
     """Beat's pass: expire the live commands past expires_at, judge accepted checkpoints,
     send node commands whose task was lost again, and re-run the reactions of accepted
-    drains (a crash between a child's commit and its reaction loses nothing)."""
+    drains and of recent stops and resumes (a crash between a command's commit and its
+    reaction loses nothing)."""
     now = timezone.now()
     expired = judged = 0
     late = Command.objects.filter(
@@ -210,6 +259,7 @@ def commands_sweep() -> dict[str, int]:
         "drains": stepped,
         "settled": settled,
         "resent": resent,
+        "runs": runs_state_replay(now=now),
     }
 
 
