@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,18 @@ def wait_for(
 ):
     """launcher.procs.wait_until, polling every 0.2 s and naming the state reached."""
     return wait_until(predicate, timeout, what, interval=0.2, state=state)
+
+
+def command_post(operator: Any, *, kind: str, cluster: str, **body: Any) -> str:
+    """Issue a command through the API as `operator` (an httpx client with its token); its id.
+    201 for a run command, 202 for a node command (carried out by a worker)."""
+    response = operator.post(
+        "/api/v1/commands",
+        json={"kind": kind, "cluster": cluster, **body},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert response.status_code in (201, 202), response.text
+    return response.json()["id"]
 
 
 class SupervisedJob:

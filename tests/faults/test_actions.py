@@ -23,7 +23,7 @@ from apps.clusters.services import token_issue
 from apps.commands.models import Command, CommandTransition
 from apps.runs.models import Run, StepReport
 from launcher.procs import wait_until
-from tests.commands.e2e import SupervisedJob, wait_for
+from tests.commands.e2e import SupervisedJob, command_post, wait_for
 from tests.faults.redis_server import stack_on_private_redis
 from tests.stackproc import Stack
 
@@ -79,13 +79,8 @@ class World:
         self.job.remember_processes()
 
     def issue(self, kind: str, **body) -> Command:
-        response = self.operator.post(
-            "/api/v1/commands",
-            json={"kind": kind, "cluster": self.cluster.name, **body},
-            headers={"Idempotency-Key": uuid.uuid4().hex},
-        )
-        assert response.status_code in (201, 202), response.text  # 202: a node command
-        return Command.objects.get(pk=response.json()["id"])
+        pk = command_post(self.operator, kind=kind, cluster=self.cluster.name, **body)
+        return Command.objects.get(pk=pk)
 
     def state(self) -> str:
         commands = Command.objects.filter(cluster=self.cluster).order_by("issued_at")

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from launcher.procs import wait_until
-from tests.commands.e2e import SupervisedJob, wait_for
+from tests.commands.e2e import SupervisedJob, command_post, wait_for
 from tests.faults.postgres_server import PrivatePostgres
 from tests.faults.private_stack import manage, private_stack
 from tests.faults.probe import Prober
@@ -105,13 +105,7 @@ class Drain:
         self.job.remember_processes()
 
     def issue(self, kind: str, **body) -> str:
-        response = self.operator.post(
-            "/api/v1/commands",
-            json={"kind": kind, "cluster": self.cluster, **body},
-            headers={"Idempotency-Key": uuid.uuid4().hex},
-        )
-        assert response.status_code in (201, 202), response.text
-        return response.json()["id"]
+        return command_post(self.operator, kind=kind, cluster=self.cluster, **body)
 
     def commands(self) -> dict[str, tuple[str, str]]:
         """{id: (kind, state)} of every command, the drain's children included."""
