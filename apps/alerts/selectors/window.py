@@ -196,7 +196,7 @@ def _after(run: Run, until: float | None) -> datetime:
 
 def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]:
     """WINDOW_METRICS on every node from ALERT_TELEMETRY_WINDOW_S before `now` up to `end`
-    (exclusive): one query."""
+    (exclusive), at most a point per series per ALERT_TELEMETRY_RESOLUTION_S: one query."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, name FROM telemetry_metric WHERE name = ANY(%s)", [list(WINDOW_METRICS)]
@@ -210,6 +210,7 @@ def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]
         metric_ids=list(metrics),
         start=now - settings.ALERT_TELEMETRY_WINDOW_S,
         end=end,
+        resolution=settings.ALERT_TELEMETRY_RESOLUTION_S,
     )
     return [
         Series(
