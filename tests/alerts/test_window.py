@@ -215,3 +215,23 @@ def test_dense_telemetry_is_read_as_the_newest_point_of_each_second(db):
     with override_settings(ALERT_TELEMETRY_RESOLUTION_S=0.0):
         [temp] = cluster_window(cluster=cluster, now=now).telemetry
     assert len(temp.points) == 1800 and list(temp.points) == sorted(temp.points)
+
+
+def test_a_rank_repeating_its_steps_does_not_grow_the_window(now):
+    # two ranks report steps 1-3 ten times over: the window reads world size × steps × 2
+    # reports at most (a step once per timeline, a restart's two), the highest steps' newest
+    cluster = Cluster.objects.create(name="repeats")
+    reports = [
+        step(rank, number, now - 60 + repeat + number / 10 + rank / 100)
+        for repeat in range(10)
+        for number in (1, 2, 3)
+        for rank in (0, 1)
+    ]
+    store(cluster, {"batch_id": "r", "node": "node-01", "run": "r", "steps": reports}, now)
+
+    with override_settings(ALERT_STEP_WINDOW=3):
+        [run] = cluster_window(cluster=cluster, now=now).runs
+    newest = sorted((r["ts"] for r in reports if r["step"] == 3), reverse=True)[:12]
+    assert len(run.steps) == 12 == 2 * 3 * 2
+    assert {row.step for row in run.steps} == {3}
+    assert sorted(row.ts for row in run.steps) == pytest.approx(sorted(newest))
