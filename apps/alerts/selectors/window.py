@@ -12,6 +12,7 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection
 from django.db.models import Q
@@ -184,9 +185,12 @@ def _steps(runs: list[Run], names: dict[int, str], until: float | None) -> dict[
         reports = max(1, run.world_size) * settings.ALERT_STEP_WINDOW * STEP_REPORTS_PER_RANK_STEP
         params.append(reports)
     by_run: dict[int, list[StepRow]] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        for row in cursor.fetchall():
+    connection.ensure_connection()
+    # streamed (a client-side binding cursor still, for the literals above): a fetchall held
+    # every report of the window twice over, in libpq's result and as Python rows, before
+    # the first became a StepRow
+    with psycopg.ClientCursor(connection.connection) as cursor:
+        for row in cursor.stream(sql, params):
             if row[_CANARY_PROJ] is not None:
                 row = (*row[:_CANARY_PROJ], tuple(row[_CANARY_PROJ]), *row[_CANARY_PROJ + 1 :])
             node_id = row[1]
