@@ -23,6 +23,7 @@ from detectors import (
     thermal,
     xid,
 )
+from detectors.common import shared_results
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.goodput import Goodput, goodput
 from detectors.thermal import throttle_reasons
@@ -51,9 +52,10 @@ def detect_all(
     one finding per (kind, subject)."""
     config = config or DEFAULT_CONFIG
     found: dict[tuple[str, str], Finding] = {}
-    for detector in DETECTORS:
-        for finding in detector(window, now, config):
-            found.setdefault((finding.kind, finding.subject), finding)
+    with shared_results():  # the detectors share groupings of this window, for this pass only
+        for detector in DETECTORS:
+            for finding in detector(window, now, config):
+                found.setdefault((finding.kind, finding.subject), finding)
     return with_rank_gpus(relate([found[key] for key in sorted(found)]), window)
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import statistics
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from operator import attrgetter, itemgetter
 from typing import TypeVar
 
@@ -38,21 +40,39 @@ def pct(share: float) -> str:
 
 
 # Several detectors group the same run's rows (a 1,024-rank window holds ~60k) or index the
-# same telemetry, so the few most recent results are kept per (function, tuple). An entry
-# holds the tuple itself, so its id cannot be reused while cached; results are shared and
-# must not be changed.
-_MEMO: dict[tuple[str, int], tuple[object, object]] = {}
-_MEMO_SIZE = 32  # five entries per one-run window; a window of ten runs still fits
+# same telemetry, so within one pass (`shared_results`: detect_all, goodput) each result is
+# built once per (function, tuple). An entry holds the tuple itself, so its id cannot be
+# reused while cached; results are shared and must not be changed. Nothing is kept past the
+# pass: a module-level cache of the last 32 results kept the telemetry of the last few passes
+# alive in the periodic worker (its RSS grew 78 % in a 3-minute soak, docs/faults.md, 10).
+_MEMO: ContextVar[dict[tuple[str, int], tuple[object, object]] | None] = ContextVar(
+    "detectors_memo", default=None
+)
+
+
+@contextmanager
+def shared_results() -> Iterator[None]:
+    """Share grouped and indexed results between the detectors for the duration of the
+    block (one pass over one window); nested blocks share the outer one's."""
+    if _MEMO.get() is not None:
+        yield
+        return
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
 
 
 def _memo(name: str, key: tuple[object, ...], build: Callable[[], T]) -> T:
-    hit = _MEMO.get((name, id(key)))
+    memo = _MEMO.get()
+    if memo is None:  # outside a pass: nothing to share with
+        return build()
+    hit = memo.get((name, id(key)))
     if hit is not None and hit[0] is key:
         return hit[1]  # type: ignore[return-value]
     value = build()
-    if len(_MEMO) >= _MEMO_SIZE:
-        _MEMO.pop(next(iter(_MEMO)))
-    _MEMO[(name, id(key))] = (key, value)
+    memo[(name, id(key))] = (key, value)
     return value
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
-from detectors.common import by_step, median, step_times
+from detectors.common import by_step, median, shared_results, step_times
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import EventRow, RunWindow, StepRow
 
@@ -135,8 +135,10 @@ def goodput(
     step). The window must hold every step and event from `since` on; `timeline_after`: the
     run's inferred restart (see restarts_of)."""
     restarts = restarts_of(run.events, timeline_after)
+    with shared_results():
+        done = completions(run, restarts)
     return goodput_of(
-        completions(run, restarts),
+        done,
         run.events,
         now,
         since=since,

@@ -25,6 +25,9 @@ ALERT_HOLD_DOWN_S = envfloat("ALERT_HOLD_DOWN_S", 60.0)
 # The detectors' window: the last N steps of every rank, recent telemetry and events.
 ALERT_STEP_WINDOW = envint("ALERT_STEP_WINDOW", 120)
 ALERT_TELEMETRY_WINDOW_S = envfloat("ALERT_TELEMETRY_WINDOW_S", 600.0)
+# ... read at most one point per series per this many seconds (the newest): a pass's memory
+# is then bounded by the cluster's series, not by how densely agents sample (docs/faults.md, 10)
+ALERT_TELEMETRY_RESOLUTION_S = envfloat("ALERT_TELEMETRY_RESOLUTION_S", 1.0)
 ALERT_EVENT_WINDOW_S = envfloat("ALERT_EVENT_WINDOW_S", 900.0)
 # Clusters (and runs) with no data for this long are not evaluated (their open alerts are).
 ALERT_IDLE_S = envfloat("ALERT_IDLE_S", 3600.0)

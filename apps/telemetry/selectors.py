@@ -3,15 +3,23 @@ series a node has, grouped by the scrape target (source) they came from."""
 
 from __future__ import annotations
 
+import math
 import re
+import struct
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
+import psycopg
 from django.db import connections
+from psycopg import postgres
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
+from psycopg.pq import Format
 
 from apps.core.codec import floats_decode, ints_decode
+from apps.core.db import query_logged
 from apps.core.db_router import read_alias
 from apps.core.partitions import relation_bytes_sql
 from apps.telemetry.models import HOST_GPU, NodeHealth
@@ -52,8 +60,8 @@ MAX_POINTS = 100_000
 
 
 def chunk_arrays(
-    offsets: list[int] | None,
-    vals: list[float] | None,
+    offsets: list[int] | np.ndarray | None,
+    vals: list[float] | np.ndarray | None,
     ts_pco: bytes | None = None,
     vals_pco: bytes | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -61,13 +69,59 @@ def chunk_arrays(
     (sealed) or as arrays: the one place that knows both forms."""
     if ts_pco is not None and vals_pco is not None:
         return ints_decode(ts_pco), floats_decode(vals_pco)
-    return np.asarray(offsets or [], dtype=np.int64), np.asarray(vals or [], dtype=np.float64)
+    return (
+        np.asarray(offsets if offsets is not None else [], dtype=np.int64),
+        np.asarray(vals if vals is not None else [], dtype=np.float64),
+    )
+
+
+class _ArrayLoader(Loader):
+    """A one-dimensional int4[] or float8[] fetched in binary, as a numpy array: psycopg's
+    own loader makes a Python int or float of every element (a window's read made millions,
+    and the churn left the periodic worker's heap fragmented: docs/faults.md, 10)."""
+
+    format = Format.BINARY
+    element: np.dtype  # big-endian, as Postgres sends it
+    native: type
+
+    def load(self, data: Buffer) -> np.ndarray:
+        # array_send: ndim, has-nulls flag, element oid, then (size, lower bound) per
+        # dimension, then each element as (length, bytes)
+        ndim, has_nulls = _ARRAY_HEAD.unpack_from(data)
+        if ndim == 0:
+            return np.empty(0, dtype=self.native)
+        if ndim != 1 or has_nulls:
+            raise ValueError("only one-dimensional arrays without NULLs load as numpy")
+        (size,) = _INT4.unpack_from(data, 12)
+        items = np.frombuffer(data, dtype=self.element, count=size, offset=20)
+        return items["value"].astype(self.native)
+
+
+class _Int4ArrayLoader(_ArrayLoader):
+    element = np.dtype([("length", ">i4"), ("value", ">i4")])
+    native = np.int64
+
+
+class _Float8ArrayLoader(_ArrayLoader):
+    element = np.dtype([("length", ">i4"), ("value", ">f8")])
+    native = np.float64
+
+
+_ARRAY_HEAD = struct.Struct("!ii")
+_INT4 = struct.Struct("!i")
+
+
+def arrays_as_numpy(cursor: psycopg.Cursor) -> psycopg.Cursor:
+    """`cursor`, loading int4[] and float8[] columns fetched in binary as numpy arrays."""
+    cursor.adapters.register_loader(postgres.types["int4"].array_oid, _Int4ArrayLoader)
+    cursor.adapters.register_loader(postgres.types["float8"].array_oid, _Float8ArrayLoader)
+    return cursor
 
 
 def chunk_points(
     e0: float,
-    offsets: list[int] | None,
-    vals: list[float] | None,
+    offsets: list[int] | np.ndarray | None,
+    vals: list[float] | np.ndarray | None,
     ts_pco: bytes | None = None,
     vals_pco: bytes | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -136,40 +190,83 @@ ORDER BY node_id, metric_id, gpu, t0
 
 
 def series_points(
-    *, node_ids: list[int], metric_ids: list[int], start: float, end: float
+    *,
+    node_ids: list[int],
+    metric_ids: list[int],
+    start: float,
+    end: float,
+    resolution: float = 0.0,
 ) -> dict[tuple[int, int, int], list[tuple[float, float]]]:
     """(node id, metric id, gpu) → its (ts, value) points in [start, end), in time order,
-    of every series of these nodes and metrics that has some (one query)."""
-    with connections[read_alias()].cursor() as cursor:
-        cursor.execute(
-            _MANY_SQL, {"nodes": node_ids, "metrics": metric_ids, "start": start, "end": end}
-        )
-        rows = cursor.fetchall()
-    if not rows:
-        return {}
-    # All chunks at once: one concatenation, one sort by (series, ts), one list conversion;
-    # a Python loop per series cost the detectors' window ~40 µs each (1,792 a cluster).
-    decoded = [chunk_points(*chunk) for _, _, _, *chunk in rows]
-    keys = [(node_id, metric_id, gpu) for node_id, metric_id, gpu, *_ in rows]
-    index = np.repeat(np.arange(len(rows)), [len(ts) for ts, _ in decoded])
-    ts = np.concatenate([chunk[0] for chunk in decoded])
-    values = np.concatenate([chunk[1] for chunk in decoded])
-    # rows come ordered by series, so a series is a run of equal keys: number the runs
-    first = [i == 0 or keys[i] != keys[i - 1] for i in range(len(keys))]
-    starts, series_of_chunk = np.flatnonzero(first), np.cumsum(first) - 1
-    which = series_of_chunk[index]
-    inside = (ts >= start) & (ts < end)
-    which, ts, values = which[inside], ts[inside], values[inside]
-    order = np.lexsort((ts, which))
-    which = which[order]
-    bounds = np.flatnonzero(np.diff(which)) + 1
-    ts_list, values_list = ts[order].tolist(), values[order].tolist()
+    of every series of these nodes and metrics that has some (one query).
+
+    With `resolution` > 0, at most one point per series in each `resolution`-second slot
+    from `start`: the newest (of equal times, the one stored last). The rows are streamed
+    and thinned as they come, so what this holds is bounded by the series and the span, not
+    by how many points agents sent: the detectors' window read every point of a 600-second
+    span, and a soak's dense series made it millions of Python tuples a pass
+    (docs/faults.md, 10)."""
+    slots = _SlotThinner(start=start, resolution=resolution) if resolution > 0 else None
+    parts: dict[tuple[int, int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+    held: dict[tuple[int, int, int], int] = {}
+    database = connections[read_alias()]
+    database.ensure_connection()
+    # a raw psycopg cursor: stream() fetches row by row (Django's cursor fetches every row
+    # of the result before the first is read), and arrays load as numpy, not Python lists
+    params = {"nodes": node_ids, "metrics": metric_ids, "start": start, "end": end}
+    with (
+        query_logged(database, _MANY_SQL),
+        arrays_as_numpy(psycopg.Cursor(database.connection)) as cursor,
+    ):
+        for node_id, metric_id, gpu, *chunk in cursor.stream(_MANY_SQL, params, binary=True):
+            ts, values = chunk_points(*chunk)
+            inside = (ts >= start) & (ts < end)
+            if not inside.any():
+                continue
+            key = (node_id, metric_id, gpu)
+            part = (ts[inside], values[inside])
+            if slots is not None:
+                part = slots.thin(*_in_order([part]))
+            chunks = parts.setdefault(key, [])
+            chunks.append(part)
+            held[key] = held.get(key, 0) + len(part[0])
+            if slots is not None and held[key] > 2 * slots.count(end):
+                merged = slots.thin(*_in_order(chunks))  # amortised: each series stays bounded
+                parts[key], held[key] = [merged], len(merged[0])
     series = {}
-    for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(ts_list)], strict=True):
-        if hi > lo:
-            key = keys[starts[which[lo]]]
-            series[key] = list(zip(ts_list[lo:hi], values_list[lo:hi], strict=True))
+    for key, chunks in parts.items():
+        ts, values = _in_order(chunks)
+        if slots is not None:
+            ts, values = slots.thin(ts, values)
+        series[key] = list(zip(ts.tolist(), values.tolist(), strict=True))
     return series
+
+
+def _in_order(chunks: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """One series' points from its chunks, in time order (stable: equal times keep the
+    order they were stored in)."""
+    ts = np.concatenate([chunk[0] for chunk in chunks])
+    values = np.concatenate([chunk[1] for chunk in chunks])
+    order = np.argsort(ts, kind="stable")
+    return ts[order], values[order]
+
+
+class _SlotThinner:
+    """The newest point of each `resolution`-second slot counted from `start`."""
+
+    def __init__(self, *, start: float, resolution: float) -> None:
+        self.start, self.resolution = start, resolution
+
+    def count(self, end: float) -> int:
+        return max(1, math.ceil((end - self.start) / self.resolution))
+
+    def thin(self, ts: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Points in time order (equal times in stored order) → at most one per slot."""
+        if len(ts) < 2:
+            return ts, values
+        slot = np.floor((ts - self.start) / self.resolution)
+        last = np.append(slot[1:] != slot[:-1], True)  # the last point of each slot
+        return ts[last], values[last]
 
 
 def metric_id_get(*, name: str) -> int | None:

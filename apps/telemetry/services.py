@@ -31,6 +31,7 @@ from apps.core.db import server_cursor
 from apps.core.times import to_datetime
 from apps.telemetry.chunk_copy import SeriesRanges, chunk_rows_binary
 from apps.telemetry.columns import SampleColumns, columns_from_dicts
+from apps.telemetry.selectors import arrays_as_numpy
 
 CHUNK_COLUMNS = "(node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, offsets_ms, vals)"
 COMPACT_LOCK_KEY = 0x0B5C0
@@ -154,10 +155,11 @@ WHERE c.node_id = s.node_id AND c.metric_id = s.metric_id AND c.gpu = s.gpu
 RETURNING c.node_id, c.metric_id, c.gpu, (extract(epoch FROM c.t0) * 1000000)::int8,
           c.offsets_ms, c.vals, c.ts_pco, c.vals_pco
 """
-# Points merged per statement, in whole series: what a statement holds in memory as Python
-# objects (≈ 80 B a point). Bounded by series alone (5,000 a statement) a soak at 20 k
-# samples/s held a whole 10-minute window at once, and the periodic worker's RSS went
-# 823 → 1,709 MiB in 3 minutes (docs/faults.md, 10).
+# Points merged per statement, in whole series: what a statement holds in memory (numpy
+# arrays, 12 B a point as fetched; ≈ 80 B as Python lists, before arrays_as_numpy).
+# Bounded by series alone (5,000 a statement) a soak at 20 k samples/s held a whole
+# 10-minute window at once, and the periodic worker's RSS went 823 → 1,709 MiB in 3
+# minutes (docs/faults.md, 10).
 COMPACT_POINTS_BATCH = 1_000_000
 COMPACT_GRACE_S = 60  # a window is compacted once it ended this long ago (late batches)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -181,7 +183,8 @@ def chunks_compact(
             "start": to_datetime(end_ts - index * width),
             "end": to_datetime(end_ts - (index - 1) * width),
         }
-        with transaction.atomic(), server_cursor() as cursor:
+        # arrays load as numpy: a statement's million points are not 2 M Python objects
+        with transaction.atomic(), arrays_as_numpy(server_cursor()) as cursor:
             # one compactor at a time; a second one (overlapping beat ticks) just skips
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [COMPACT_LOCK_KEY])
             if not cursor.fetchone()[0]:
@@ -256,7 +259,11 @@ def _merged_rows(victims: list[tuple], *, width_us: int, end_us: int) -> Iterabl
 
 
 def _points_us(
-    t0_us: int, offsets: list[int], vals: list[float], ts_pco: bytes | None, vals_pco: bytes | None
+    t0_us: int,
+    offsets: np.ndarray,
+    vals: np.ndarray,
+    ts_pco: bytes | None,
+    vals_pco: bytes | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(µs since the epoch, values) of one stored chunk, encoded or not."""
     if ts_pco is not None and vals_pco is not None:

@@ -190,3 +190,48 @@ def test_run_goodput_from_sql_medians_equals_the_pure_goodput_over_the_window(no
     assert got["badput_s"]["checkpoint"] > 0 and 0 < got["goodput"] < 1
     # the restart → step-20 gap is under 5 s; steps 20..29, done and lost, add over 10 s
     assert got["badput_s"]["recovery"] > 10
+
+
+def test_dense_telemetry_is_read_as_the_newest_point_of_each_second(db):
+    # three batches re-sending the same minute of one series at 10 points a second: the
+    # window holds a point a second (ALERT_TELEMETRY_RESOLUTION_S), the newest of each,
+    # however many points agents sent; without a resolution, every point
+    now = float(int(time.time()))
+    cluster = Cluster.objects.create(name="dense")
+    for batch in range(3):
+        samples = [
+            {"ts": now - 60 + i / 10 + batch / 100, "metric": "gpu.temp_c", "gpu": 0,
+             "value": float(batch * 1000 + i)}
+            for i in range(600)
+        ]  # fmt: skip
+        store(cluster, {"batch_id": f"dense/{batch}", "node": "node-01", "samples": samples}, now)
+
+    with override_settings(ALERT_TELEMETRY_RESOLUTION_S=1.0):
+        [temp] = cluster_window(cluster=cluster, now=now).telemetry
+    # second j's newest point: the last batch's (its stamps are 20 ms later), its tenth
+    assert [value for _, value in temp.points] == [2000.0 + 10 * j + 9 for j in range(60)]
+    assert [ts for ts, _ in temp.points] == pytest.approx([now - 60 + j + 0.92 for j in range(60)])
+
+    with override_settings(ALERT_TELEMETRY_RESOLUTION_S=0.0):
+        [temp] = cluster_window(cluster=cluster, now=now).telemetry
+    assert len(temp.points) == 1800 and list(temp.points) == sorted(temp.points)
+
+
+def test_a_rank_repeating_its_steps_does_not_grow_the_window(now):
+    # two ranks report steps 1-3 ten times over: the window reads world size × steps × 2
+    # reports at most (a step once per timeline, a restart's two), the highest steps' newest
+    cluster = Cluster.objects.create(name="repeats")
+    reports = [
+        step(rank, number, now - 60 + repeat + number / 10 + rank / 100)
+        for repeat in range(10)
+        for number in (1, 2, 3)
+        for rank in (0, 1)
+    ]
+    store(cluster, {"batch_id": "r", "node": "node-01", "run": "r", "steps": reports}, now)
+
+    with override_settings(ALERT_STEP_WINDOW=3):
+        [run] = cluster_window(cluster=cluster, now=now).runs
+    newest = sorted((r["ts"] for r in reports if r["step"] == 3), reverse=True)[:12]
+    assert len(run.steps) == 12 == 2 * 3 * 2
+    assert {row.step for row in run.steps} == {3}
+    assert sorted(row.ts for row in run.steps) == pytest.approx(sorted(newest))

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 import detectors
+from detectors.common import by_step, shared_results
 from detectors.config import DetectorConfig, config_for
-from tests.detectors.builders import cluster, last_ts, run, steps
+from tests.detectors.builders import cluster, last_ts, run, series, steps
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,3 +44,24 @@ def test_detect_all_orders_findings_and_keeps_one_per_subject():
         ("straggler", "run:r/rank:9"),
     ]
     assert detectors.detect_all(cluster(), 0.0) == []
+
+
+def test_a_pass_keeps_nothing_of_its_window():
+    # what the detectors share (groupings, indexes) lives for one pass: a cache that outlived
+    # it kept the last passes' telemetry alive in the periodic worker (docs/faults.md, 10)
+    rows = steps(count=30)
+    temps = series("n0", "gpu.temp_c", [60.0] * 30, every=1.0)
+    window = cluster(run(rows), telemetry=[temps])
+    held = [window.telemetry, window.runs, window.runs[0].steps]
+    before = [sys.getrefcount(item) for item in held]
+
+    detectors.detect_all(window, last_ts(rows))
+
+    assert [sys.getrefcount(item) for item in held] == before
+
+
+def test_results_are_shared_within_a_pass_only():
+    rows = steps(count=5)
+    with shared_results():
+        assert by_step(rows) is by_step(rows)
+    assert by_step(rows) is not by_step(rows)

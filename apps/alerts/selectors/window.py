@@ -154,29 +154,40 @@ _STEPROW_COLUMNS = ", ".join(
 _CANARY_PROJ = _STEPROW_FIELDS.index("canary_proj") + 2  # after run_id and the node name
 # StepRow._make without its length check (the columns are its fields): 30 k rows a window
 _step_row = partial(tuple.__new__, StepRow)
+# A rank reports a step once per timeline; twice covers a restart inside the window.
+STEP_REPORTS_PER_RANK_STEP = 2
 
 
 def _steps(runs: list[Run], until: float | None) -> dict[int, list[StepRow]]:
     """The last ALERT_STEP_WINDOW steps of every rank of each run (reported at or before
-    `until`, if given), oldest first: one statement, a (run_id, step) index range per run
-    (rows become StepRows without a model)."""
+    `until`, if given), oldest first, at most world size × ALERT_STEP_WINDOW ×
+    STEP_REPORTS_PER_RANK_STEP reports a run: one statement, a (run_id, step) index range
+    per run (rows become StepRows without a model)."""
     # One branch per run with its own bounds as literals (Django binds client-side): the
     # planner then sees how few rows `step > n` leaves. A join against unnest()'d bounds
     # hid them, and on a 22 M-report table it chose a parallel scan of every row (22 s).
     # Only the run's current timeline: after a restart (its step counter went back) the old
-    # timeline's reports of the same step numbers are history, not progress.
+    # timeline's reports of the same step numbers are history, not progress. At most world
+    # size × ALERT_STEP_WINDOW × STEP_REPORTS_PER_RANK_STEP reports a run, the highest
+    # steps' newest (the same index range, read backwards): the whole window of a run whose
+    # ranks report each step once per timeline; a rank that reports one step again and
+    # again (the soak's batches all say step 100) made every pass read every report since
+    # the run started (docs/faults.md, 10).
     branch = (
         f"(SELECT s.run_id, coalesce(n.name, s.node_id::text), {_STEPROW_COLUMNS}"
         " FROM runs_stepreport s LEFT JOIN clusters_node n ON n.id = s.node_id"
         " WHERE s.run_id = %s AND s.step > %s AND s.ts > %s"
         + ("" if until is None else " AND s.ts <= to_timestamp(%s)")
-        + ")"
+        + " ORDER BY s.step DESC, s.ts DESC LIMIT %s)"
     )
-    sql = " UNION ALL ".join([branch] * len(runs)) + " ORDER BY 1, 4, 3"  # run, step, rank
+    union = " UNION ALL ".join([branch] * len(runs))
+    sql = f"SELECT * FROM ({union}) w ORDER BY 1, 4, 3"  # run, step, rank
     params: list[Any] = []
     for run in runs:
         params += [run.id, (run.last_step or 0) - settings.ALERT_STEP_WINDOW, _after(run, until)]
         params += [] if until is None else [until]
+        reports = max(1, run.world_size) * settings.ALERT_STEP_WINDOW * STEP_REPORTS_PER_RANK_STEP
+        params.append(reports)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -205,7 +216,7 @@ def _after(run: Run, until: float | None) -> datetime:
 
 def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]:
     """WINDOW_METRICS on every node from ALERT_TELEMETRY_WINDOW_S before `now` up to `end`
-    (exclusive): one query."""
+    (exclusive), at most a point per series per ALERT_TELEMETRY_RESOLUTION_S: one query."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, name FROM telemetry_metric WHERE name = ANY(%s)", [list(WINDOW_METRICS)]
@@ -219,6 +230,7 @@ def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]
         metric_ids=list(metrics),
         start=now - settings.ALERT_TELEMETRY_WINDOW_S,
         end=end,
+        resolution=settings.ALERT_TELEMETRY_RESOLUTION_S,
     )
     return [
         Series(

@@ -4,7 +4,8 @@ A sealed chunk keeps its points encoded (apps/telemetry/services.py), so the rol
 statement's unnest (sql.py) sees none of them: it returns such islands instead, and
 `sealed_minutes_recompute` rereads every chunk of each (sealed or not), decodes, and upserts
 the island's minutes over what the statement wrote, in the same transaction. Islands like
-these come from data late enough to find its window sealed, or from a rebuild: rare, small.
+these come from data late enough to find its window sealed (an agent's spool, a backfill),
+or from a rebuild.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import psycopg
 
-from apps.telemetry.selectors import chunk_arrays
+from apps.telemetry.selectors import arrays_as_numpy, chunk_arrays
 
 # The same chunks, and the same epoch-ms arithmetic, as the rollup statement's `chunks`.
 _ISLAND_CHUNKS_SQL = """
@@ -44,21 +46,28 @@ ON CONFLICT (node_id, metric_id, gpu, bucket) DO UPDATE SET
 def sealed_minutes_recompute(cursor: Any, *, islands: list[list[int]]) -> list[tuple]:
     """Recompute the minutes of these islands ([node ids, metric ids, gpus, lo ms, hi ms])
     from all their chunks; returns the (node id, metric id, gpu, hour start as epoch
-    seconds) of the minutes written, for the hour tier."""
+    seconds) of the minutes written, for the hour tier.
+
+    Chunks are streamed and each is reduced to its minutes with numpy before the next is
+    read: agents that resend a long stretch of the past (the soak's batches carry 33
+    minutes each) make most islands sealed, and reading them all at once, a Python float
+    per point, grew the periodic worker's heap (docs/faults.md, 10)."""
     if not islands:
         return []
-    cursor.execute(_ISLAND_CHUNKS_SQL, islands)
     minutes: dict[tuple[int, int, int, int], list[float]] = {}
-    for node_id, metric_id, gpu, lo_ms, hi_ms, e0_ms, *stored in cursor.fetchall():
-        offsets, values = chunk_arrays(*stored)
-        stamps = e0_ms + offsets  # float ms, as the statement's `e0_ms + u.o`
-        inside = (stamps >= lo_ms) & (stamps < hi_ms)
-        keys = np.floor(stamps[inside] / 60000).astype(np.int64).tolist()
-        for k, value in zip(keys, values[inside].tolist(), strict=True):
-            minute = minutes.setdefault((node_id, metric_id, gpu, k), [0, 0.0, value, value])
-            minute[0] += 1
-            minute[1] += value
-            minute[2], minute[3] = min(minute[2], value), max(minute[3], value)
+    with arrays_as_numpy(psycopg.Cursor(cursor.connection)) as chunks:
+        for row in chunks.stream(_ISLAND_CHUNKS_SQL, islands, binary=True):
+            node_id, metric_id, gpu, lo_ms, hi_ms, e0_ms, *stored = row
+            offsets, values = chunk_arrays(*stored)
+            stamps = e0_ms + offsets  # float ms, as the statement's `e0_ms + u.o`
+            inside = (stamps >= lo_ms) & (stamps < hi_ms)
+            if inside.any():
+                _minutes_merge(
+                    minutes,
+                    series=(node_id, metric_id, gpu),
+                    keys=np.floor(stamps[inside] / 60000).astype(np.int64),
+                    values=values[inside],
+                )
     if not minutes:
         return []
     columns: list[list] = [[] for _ in range(8)]
@@ -67,3 +76,31 @@ def sealed_minutes_recompute(cursor: Any, *, islands: list[list[int]]) -> list[t
             column.append(item)
     cursor.execute(_MINUTES_UPSERT_SQL, columns)
     return sorted({(*key[:3], key[3] * 60 // 3600 * 3600) for key in minutes})
+
+
+def _minutes_merge(
+    minutes: dict[tuple[int, int, int, int], list[float]],
+    *,
+    series: tuple[int, int, int],
+    keys: np.ndarray,
+    values: np.ndarray,
+) -> None:
+    """Add one chunk's points (minute keys, values) to `minutes`: [n, sum, min, max]."""
+    found, inverse = np.unique(keys, return_inverse=True)
+    counts = np.bincount(inverse, minlength=len(found))
+    sums = np.bincount(inverse, weights=values, minlength=len(found))
+    lows = np.full(len(found), np.inf)
+    highs = np.full(len(found), -np.inf)
+    np.minimum.at(lows, inverse, values)
+    np.maximum.at(highs, inverse, values)
+    for k, n, total, low, high in zip(
+        found.tolist(), counts.tolist(), sums.tolist(), lows.tolist(), highs.tolist(),
+        strict=True,
+    ):  # fmt: skip
+        minute = minutes.get((*series, k))
+        if minute is None:
+            minutes[(*series, k)] = [n, total, low, high]
+        else:
+            minute[0] += n
+            minute[1] += total
+            minute[2], minute[3] = min(minute[2], low), max(minute[3], high)
