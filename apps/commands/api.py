@@ -196,7 +196,8 @@ def commands(
 @router.get(
     "/commands/{command_id}",
     auth=reader_auth,
-    response={200: CommandOut, 401: Errors, 404: Errors},
+    # 400: a command_id that is no UUID (found by the stateful fuzz test's negative cases)
+    response={200: CommandOut, 400: Errors, 401: Errors, 404: Errors},
     summary="A command: its target, state and history",
 )
 def command_detail(request: HttpRequest, command_id: uuid.UUID):
