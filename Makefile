@@ -53,10 +53,12 @@ faults: install-torch
 
 # Schemathesis over /api/v1/openapi.json: every operation as every identity (agent tokens,
 # viewer, operator, admin, anonymous), no server error, no schema break, no foreign object
-# (tests/api/test_schemathesis.py; docs/security.md). Minutes of CPU: apart from `make test`.
+# (tests/api/test_schemathesis.py), and walks of the schema's links as each of them
+# (tests/api/test_schemathesis_links.py; docs/security.md). Minutes of CPU: apart from `make test`.
 FUZZ_ARGS ?=
 fuzz: install-torch
-	$(PY) -m launcher.testrun tests/api/test_schemathesis.py -m fuzz $(FUZZ_ARGS)
+	$(PY) -m launcher.testrun tests/api/test_schemathesis.py tests/api/test_schemathesis_links.py \
+	  -m fuzz $(FUZZ_ARGS)
 
 lint: install-torch
 	$(VENV)/bin/ruff check .

@@ -19,6 +19,7 @@ from apps.core.bounds import NAME_MAX_LENGTH
 from apps.core.db_router import replica_reads
 from apps.core.errors import Errors, FieldError
 from apps.core.middleware import NUL_MESSAGE
+from apps.core.openapi import ALERT_ACK, ALERTS, NODE_SERIES, RUN, link, links
 from apps.core.params import CLUSTER_MAX_LENGTH, timestamp_field
 
 router = Router(tags=["alerts"])
@@ -72,6 +73,24 @@ class AckIn(Schema):
     auth=reader_auth,
     response={200: AlertsOut, 400: Errors, 401: Errors, 404: Errors},
     summary="The cluster's alerts, newest first",
+    openapi_extra=links(
+        (200,),
+        Ack=link(
+            ALERT_ACK, "an operator acknowledges the newest", alert_id="$response.body#/alerts/0/id"
+        ),
+        Run=link(
+            RUN,
+            "the newest alert's run",
+            name="$response.body#/alerts/0/run",
+            cluster="$request.query.cluster",
+        ),
+        Node=link(
+            NODE_SERIES,
+            "the newest alert's node",
+            name="$response.body#/alerts/0/node",
+            cluster="$request.query.cluster",
+        ),
+    ),
 )
 @replica_reads
 def alerts(request: HttpRequest, query: Query[AlertsQuery]):
@@ -96,6 +115,10 @@ def alerts(request: HttpRequest, query: Query[AlertsQuery]):
     auth=[user_token_auth, session_auth],  # an operator: personal token, or login + CSRF
     response={200: AlertOut, 400: Errors, 401: Errors, 403: Errors, 404: Errors, 409: Errors},
     summary="Acknowledge a firing alert (operators of the alert's cluster)",
+    openapi_extra=links(
+        (200,),
+        Alerts=link(ALERTS, "the alerts of its run", run="$response.body#/run"),
+    ),
 )
 def alert_ack(request: HttpRequest, alert_id: int, payload: AckIn):
     alert = alert_get(alert_id=alert_id, visible=clusters_visible(user=request.user))

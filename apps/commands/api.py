@@ -33,9 +33,26 @@ from apps.commands.selectors import (
 )
 from apps.core.auth import COMMAND_NOT_OURS, NODE_NOT_OURS, agent_auth
 from apps.core.errors import Errors, FieldError
+from apps.core.openapi import COMMAND, COMMAND_ACK, NODE_SERIES, RUN, link, links, links_each
 from apps.runs.models import Run
 
 router = Router(tags=["commands"])
+
+# The links of an issued command (docs/api.md#links): an agent acknowledges a run command;
+# a node command is carried out by the scheduler hook, and acknowledged by none.
+_COMMAND = link(COMMAND, "the command: its state and history", command_id="$response.body#/id")
+_ACK = link(
+    COMMAND_ACK, "an agent acknowledges it (a run command)", command_id="$response.body#/id"
+)
+_RUN = link(
+    RUN, "the run it targets", name="$response.body#/run", cluster="$response.body#/cluster"
+)
+_NODE = link(
+    NODE_SERIES,
+    "the node it targets",
+    name="$response.body#/node",
+    cluster="$response.body#/cluster",
+)
 
 
 @router.post(
@@ -64,6 +81,13 @@ router = Router(tags=["commands"])
         "target and args it answers `200` with the command it made; with another kind, "
         "target or args, `422`. A key names its command for `COMMANDS_IDEMPOTENCY_TTL_S` "
         "(24 h); after that it makes a new one."
+    ),
+    openapi_extra=links_each(
+        {
+            200: {"Command": _COMMAND, "Ack": _ACK, "Run": _RUN, "Node": _NODE},
+            201: {"Command": _COMMAND, "Ack": _ACK, "Run": _RUN},
+            202: {"Command": _COMMAND, "Node": _NODE},
+        }
     ),
 )
 def command_create(
@@ -158,6 +182,15 @@ def _invalid(request: HttpRequest, payload: CommandIn, target: Any, loc: str, ms
         "which holds long-polls cheaply: follow it with the same Authorization (to the same "
         "host only) and poll there from then on."
     ),
+    openapi_extra=links(
+        (200,),
+        Command=link(COMMAND, "the first command", command_id="$response.body#/commands/0/id"),
+        Ack=link(
+            COMMAND_ACK,
+            "the agent acknowledges the first command",
+            command_id="$response.body#/commands/0/id",
+        ),
+    ),
 )
 def commands(
     request: HttpRequest,
@@ -196,8 +229,19 @@ def commands(
 @router.get(
     "/commands/{command_id}",
     auth=reader_auth,
-    response={200: CommandOut, 401: Errors, 404: Errors},
+    # 400: a command_id that is no UUID (found by the stateful fuzz test's negative cases)
+    response={200: CommandOut, 400: Errors, 401: Errors, 404: Errors},
     summary="A command: its target, state and history",
+    openapi_extra=links(
+        (200,),
+        Ack=link(COMMAND_ACK, "the agent acknowledges it", command_id="$response.body#/id"),
+        Run=link(
+            RUN,
+            "the run it targets (a run command)",
+            name="$response.body#/run",
+            cluster="$response.body#/cluster",
+        ),
+    ),
 )
 def command_detail(request: HttpRequest, command_id: uuid.UUID):
     command = command_get(command_id=command_id, clusters=_reader_clusters(request))
@@ -218,6 +262,10 @@ def _reader_clusters(request: HttpRequest):
     auth=agent_auth,
     response={200: CommandOut, 400: Errors, 401: Errors, 403: Errors, 404: Errors, 409: Errors},
     summary="An agent acknowledges a command: accepted, succeeded or failed",
+    openapi_extra=links(
+        (200,),
+        Command=link(COMMAND, "the command, as operators see it", command_id="$response.body#/id"),
+    ),
 )
 def command_ack(request: HttpRequest, command_id: uuid.UUID, payload: AckIn):
     command = command_get(command_id=command_id, clusters=_reader_clusters(request))
@@ -271,6 +319,16 @@ def _ack_refusal(request: HttpRequest, command, payload: AckIn) -> tuple[int, st
     auth=reader_auth,
     response={200: PlanOut, 400: Errors, 401: Errors, 404: Errors},
     summary="For launchers: the newest durable checkpoint and the run's healthy nodes",
+    openapi_extra=links(
+        (200,),
+        Run=link(RUN, "the run", name="$response.body#/run", cluster="$request.query.cluster"),
+        Node=link(
+            NODE_SERIES,
+            "the first healthy node's series",
+            name="$response.body#/nodes/0",
+            cluster="$request.query.cluster",
+        ),
+    ),
 )
 def plan(request: HttpRequest, name: str, cluster: str | None = None):
     runs = Run.objects.filter(name=name, cluster__in=_reader_clusters(request))

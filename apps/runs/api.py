@@ -4,6 +4,7 @@ from ninja import Field, Router, Schema
 from apps.access.auth import reader_auth
 from apps.access.selectors import request_cluster_filter
 from apps.core.errors import Errors, FieldError
+from apps.core.openapi import ALERTS, COMMANDS, NODE_SERIES, PLAN, link, links
 from apps.runs.selectors import run_get, run_summary
 
 router = Router(tags=["reading back"])
@@ -55,7 +56,27 @@ class RunOut(Schema):
 
 
 @router.get(
-    "/runs/{name}", auth=reader_auth, response={200: RunOut, 400: Errors, 401: Errors, 404: Errors}
+    "/runs/{name}",
+    auth=reader_auth,
+    response={200: RunOut, 400: Errors, 401: Errors, 404: Errors},
+    openapi_extra=links(
+        (200,),
+        Plan=link(
+            PLAN, "its restart plan", name="$response.body#/run", cluster="$request.query.cluster"
+        ),
+        Alerts=link(
+            ALERTS, "its alerts", run="$response.body#/run", cluster="$request.query.cluster"
+        ),
+        Commands=link(
+            COMMANDS, "its commands", run="$response.body#/run", cluster="$request.query.cluster"
+        ),
+        Node=link(
+            NODE_SERIES,
+            "its first node's series",
+            name="$response.body#/nodes/0",
+            cluster="$request.query.cluster",
+        ),
+    ),
 )
 def run_detail(request: HttpRequest, name: str, cluster: str | None = None):
     run = run_get(name=name, **request_cluster_filter(request, cluster))

@@ -11,6 +11,7 @@ from apps.clusters.models import Node
 from apps.core.bounds import GPU_MAX, METRIC_MAX_LENGTH, NAME_MAX_LENGTH
 from apps.core.db_router import replica_reads
 from apps.core.errors import Errors, FieldError
+from apps.core.openapi import ALERTS, NODE_SERIES, SERIES, link, links
 from apps.core.params import CLUSTER_MAX_LENGTH, timestamp_field
 from apps.telemetry.models import Metric
 from apps.telemetry.selectors import (
@@ -101,7 +102,18 @@ def _unknown_series(node_id: int, query: SeriesQuery) -> FieldError:
 
 
 @router.get(
-    "/series", auth=reader_auth, response={200: SeriesOut, 400: Errors, 401: Errors, 404: Errors}
+    "/series",
+    auth=reader_auth,
+    response={200: SeriesOut, 400: Errors, 401: Errors, 404: Errors},
+    openapi_extra=links(
+        (200,),
+        Node=link(
+            NODE_SERIES,
+            "every series of its node",
+            name="$response.body#/node",
+            cluster="$request.query.cluster",
+        ),
+    ),
 )
 @replica_reads
 def series(request: HttpRequest, query: Query[SeriesQuery]):
@@ -162,6 +174,20 @@ class NodeSeriesOut(Schema):
     "/nodes/{name}/series",
     auth=reader_auth,
     response={200: NodeSeriesOut, 400: Errors, 401: Errors, 404: Errors},
+    openapi_extra=links(
+        (200,),
+        Series=link(
+            SERIES,
+            "the first series' points",
+            node="$response.body#/node",
+            metric="$response.body#/series/0/metric",
+            gpu="$response.body#/series/0/gpu",
+            cluster="$request.query.cluster",
+        ),
+        Alerts=link(
+            ALERTS, "its alerts", node="$response.body#/node", cluster="$request.query.cluster"
+        ),
+    ),
 )
 @replica_reads
 def node_series(request: HttpRequest, name: str, query: Query[NodeSeriesQuery]):
