@@ -8,15 +8,15 @@ import json
 import threading
 import time
 
+import psycopg
 import pytest
 from django.db import connection
 from django.test import Client
-from django.utils import timezone
 
 from apps.clusters.services import token_issue
 from apps.ingest.models import InboxBatch
 from apps.ingest.services import backpressure
-from tests.conftest import make_batch
+from tests.conftest import database_url, make_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,10 +45,43 @@ def draining():
     beater.join()
 
 
-def backlog(token, count: int) -> None:
-    InboxBatch.objects.bulk_create(
-        InboxBatch(token=token, batch_id=f"waiting-{i}", payload=b"{}") for i in range(count)
-    )
+class Backlog:
+    """Inbox rows waiting, row-locked by a connection of the test's own.
+
+    The session's live stack (tests/conftest.py) runs a real worker on this same database
+    and queue; a drain task left queued by an earlier test would otherwise drain these rows
+    mid-test. Its claim skips locked rows (FOR UPDATE SKIP LOCKED) while the backlog count
+    still sees them: a backlog the workers are busy with, for as long as the test needs."""
+
+    def __init__(self, token, count: int) -> None:
+        InboxBatch.objects.bulk_create(
+            InboxBatch(token=token, batch_id=f"waiting-{i}", payload=b"{}") for i in range(count)
+        )
+        self.holder = psycopg.connect(database_url(connection.settings_dict))
+        self.holder.execute(
+            "SELECT id FROM ingest_inboxbatch WHERE batch_id LIKE %s FOR UPDATE", ["waiting-%"]
+        )
+
+    def drain(self) -> None:
+        """The workers catch up: every waiting row processed, committed."""
+        self.holder.execute("UPDATE ingest_inboxbatch SET processed_at = now()")
+        self.holder.commit()
+
+    def close(self) -> None:
+        self.holder.close()  # rolls back what is still open
+
+
+@pytest.fixture
+def backlog():
+    held: list[Backlog] = []
+
+    def make(token, count: int) -> Backlog:
+        held.append(Backlog(token, count))
+        return held[-1]
+
+    yield make
+    for each in held:
+        each.close()
 
 
 def post(secret: str, body: dict):
@@ -68,20 +101,21 @@ def test_no_backlog_no_wait(limited):
     assert took < 0.5
 
 
-def test_a_post_waits_while_the_backlog_is_over_its_limit_then_is_accepted(limited, draining):
+def test_a_post_waits_while_the_backlog_is_over_its_limit_then_is_accepted(
+    limited, draining, backlog
+):
     backlog(limited[0], 4)
     response, took = post(limited[1], make_batch())
     assert response.status_code == 202, "accepted anyway: never refused for load"
     assert 1.4 <= took < 3
 
 
-def test_a_post_goes_on_as_soon_as_the_workers_catch_up(limited, draining):
-    backlog(limited[0], 4)
+def test_a_post_goes_on_as_soon_as_the_workers_catch_up(limited, draining, backlog):
+    waiting = backlog(limited[0], 4)
 
     def drain_later() -> None:
         time.sleep(0.4)
-        InboxBatch.objects.update(processed_at=timezone.now())
-        connection.close()
+        waiting.drain()
 
     drainer = threading.Thread(target=drain_later)
     drainer.start()
@@ -91,14 +125,14 @@ def test_a_post_goes_on_as_soon_as_the_workers_catch_up(limited, draining):
     assert 0.3 <= took < 1.2
 
 
-def test_bad_input_is_answered_at_once_whatever_the_backlog(limited, draining):
+def test_bad_input_is_answered_at_once_whatever_the_backlog(limited, draining, backlog):
     backlog(limited[0], 4)
     response, took = post(limited[1], {"batch_id": "x", "node": "a/b"})
     assert response.status_code == 400
     assert took < 0.5
 
 
-def test_zero_rows_turns_it_off(limited, draining, settings):
+def test_zero_rows_turns_it_off(limited, draining, settings, backlog):
     settings.INGEST_BACKLOG_ROWS = 0
     backlog(limited[0], 4)
     response, took = post(limited[1], make_batch())
@@ -106,7 +140,7 @@ def test_zero_rows_turns_it_off(limited, draining, settings):
     assert took < 0.5
 
 
-def test_no_wait_while_the_workers_are_not_draining(limited, settings):
+def test_no_wait_while_the_workers_are_not_draining(limited, settings, backlog):
     """A backlog nobody drains (workers stopped): waiting would only slow every agent."""
     from apps.core.redis import redis_client
 
