@@ -3,11 +3,11 @@ series a node has, grouped by the scrape target (source) they came from."""
 
 from __future__ import annotations
 
-import math
 import re
 import struct
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -18,10 +18,10 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
-from apps.core.codec import floats_decode, ints_decode
 from apps.core.db import query_logged
 from apps.core.db_router import read_alias
 from apps.core.partitions import relation_bytes_sql
+from apps.telemetry.blocks import SeriesBlocks, chunk_arrays
 from apps.telemetry.models import HOST_GPU, NodeHealth
 
 # The agent stores every scraped series that is not a core contract metric as
@@ -57,22 +57,6 @@ FROM (
 """
 
 MAX_POINTS = 100_000
-
-
-def chunk_arrays(
-    offsets: list[int] | np.ndarray | None,
-    vals: list[float] | np.ndarray | None,
-    ts_pco: bytes | None = None,
-    vals_pco: bytes | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(ms offsets from t0 as int64, values as float64) of one stored chunk, encoded
-    (sealed) or as arrays: the one place that knows both forms."""
-    if ts_pco is not None and vals_pco is not None:
-        return ints_decode(ts_pco), floats_decode(vals_pco)
-    return (
-        np.asarray(offsets if offsets is not None else [], dtype=np.int64),
-        np.asarray(vals if vals is not None else [], dtype=np.float64),
-    )
 
 
 class _ArrayLoader(Loader):
@@ -189,6 +173,14 @@ ORDER BY node_id, metric_id, gpu, t0
 """
 
 
+# Rows a block: enough that numpy's per-call cost is spread thin, few enough that a block's
+# points stay small however dense the series (a raw chunk is one batch: tens of points).
+BLOCK_ROWS = 512
+# Fetched from the server this many at a time where the libpq can (17 and later; before,
+# row by row: the same rows, more round trips through the client library).
+_STREAM_ROWS = BLOCK_ROWS if psycopg.pq.version() >= 170000 else 1
+
+
 def series_points(
     *,
     node_ids: list[int],
@@ -202,71 +194,24 @@ def series_points(
 
     With `resolution` > 0, at most one point per series in each `resolution`-second slot
     from `start`: the newest (of equal times, the one stored last). The rows are streamed
-    and thinned as they come, so what this holds is bounded by the series and the span, not
-    by how many points agents sent: the detectors' window read every point of a 600-second
-    span, and a soak's dense series made it millions of Python tuples a pass
-    (docs/faults.md, 10)."""
-    slots = _SlotThinner(start=start, resolution=resolution) if resolution > 0 else None
-    parts: dict[tuple[int, int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
-    held: dict[tuple[int, int, int], int] = {}
+    and thinned a block at a time (SeriesBlocks), so what this holds is bounded by the
+    series and the span, not by how many points agents sent: the detectors' window read
+    every point of a 600-second span, and a soak's dense series made it millions of Python
+    tuples a pass (docs/faults.md, 10)."""
+    blocks = SeriesBlocks(start=start, end=end, resolution=resolution)
     database = connections[read_alias()]
     database.ensure_connection()
-    # a raw psycopg cursor: stream() fetches row by row (Django's cursor fetches every row
+    # a raw psycopg cursor: stream() fetches as it goes (Django's cursor fetches every row
     # of the result before the first is read), and arrays load as numpy, not Python lists
     params = {"nodes": node_ids, "metrics": metric_ids, "start": start, "end": end}
     with (
         query_logged(database, _MANY_SQL),
         arrays_as_numpy(psycopg.Cursor(database.connection)) as cursor,
     ):
-        for node_id, metric_id, gpu, *chunk in cursor.stream(_MANY_SQL, params, binary=True):
-            ts, values = chunk_points(*chunk)
-            inside = (ts >= start) & (ts < end)
-            if not inside.any():
-                continue
-            key = (node_id, metric_id, gpu)
-            part = (ts[inside], values[inside])
-            if slots is not None:
-                part = slots.thin(*_in_order([part]))
-            chunks = parts.setdefault(key, [])
-            chunks.append(part)
-            held[key] = held.get(key, 0) + len(part[0])
-            if slots is not None and held[key] > 2 * slots.count(end):
-                merged = slots.thin(*_in_order(chunks))  # amortised: each series stays bounded
-                parts[key], held[key] = [merged], len(merged[0])
-    series = {}
-    for key, chunks in parts.items():
-        ts, values = _in_order(chunks)
-        if slots is not None:
-            ts, values = slots.thin(ts, values)
-        series[key] = list(zip(ts.tolist(), values.tolist(), strict=True))
-    return series
-
-
-def _in_order(chunks: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """One series' points from its chunks, in time order (stable: equal times keep the
-    order they were stored in)."""
-    ts = np.concatenate([chunk[0] for chunk in chunks])
-    values = np.concatenate([chunk[1] for chunk in chunks])
-    order = np.argsort(ts, kind="stable")
-    return ts[order], values[order]
-
-
-class _SlotThinner:
-    """The newest point of each `resolution`-second slot counted from `start`."""
-
-    def __init__(self, *, start: float, resolution: float) -> None:
-        self.start, self.resolution = start, resolution
-
-    def count(self, end: float) -> int:
-        return max(1, math.ceil((end - self.start) / self.resolution))
-
-    def thin(self, ts: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Points in time order (equal times in stored order) → at most one per slot."""
-        if len(ts) < 2:
-            return ts, values
-        slot = np.floor((ts - self.start) / self.resolution)
-        last = np.append(slot[1:] != slot[:-1], True)  # the last point of each slot
-        return ts[last], values[last]
+        rows = cursor.stream(_MANY_SQL, params, binary=True, size=_STREAM_ROWS)
+        while block := list(islice(rows, BLOCK_ROWS)):
+            blocks.add(block)
+    return blocks.series()
 
 
 def metric_id_get(*, name: str) -> int | None:

@@ -235,3 +235,21 @@ def test_a_rank_repeating_its_steps_does_not_grow_the_window(now):
     assert len(run.steps) == 12 == 2 * 3 * 2
     assert {row.step for row in run.steps} == {3}
     assert sorted(row.ts for row in run.steps) == pytest.approx(sorted(newest))
+
+
+def test_a_ranks_repeated_reports_of_a_step_stand_oldest_first(now):
+    # the window is ordered by step, then rank, then time: the same for every pass and for
+    # a replay (rank_nodes' "latest wins" reads it so)
+    cluster = Cluster.objects.create(name="order")
+    reports = [
+        step(rank, number, now - 60 + repeat * 10 + number + rank / 100)
+        for repeat in range(2)
+        for number in (1, 2)
+        for rank in (1, 0)
+    ]
+    store(cluster, {"batch_id": "o", "node": "node-01", "run": "o", "steps": reports}, now)
+
+    [run] = cluster_window(cluster=cluster, now=now).runs
+    keys = [(row.step, row.rank, row.ts) for row in run.steps]
+    assert len(keys) == 8 and keys == sorted(keys)
+    assert {row.node for row in run.steps} == {"node-01"}

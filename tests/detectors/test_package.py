@@ -7,10 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import detectors
 from detectors.common import by_step, shared_results
 from detectors.config import DetectorConfig, config_for
+from detectors.types import StepRow
 from tests.detectors.builders import cluster, last_ts, run, series, steps
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,3 +68,18 @@ def test_results_are_shared_within_a_pass_only():
     with shared_results():
         assert by_step(rows) is by_step(rows)
     assert by_step(rows) is not by_step(rows)
+
+
+@settings(max_examples=200, deadline=None)
+@given(numbers=st.lists(st.integers(min_value=0, max_value=6), max_size=40))
+def test_by_step_groups_rows_in_any_order_as_one_by_one_grouping(numbers):
+    rows = tuple(
+        StepRow(node="n", rank=index, step=number, ts=float(index), step_time=1.0)
+        for index, number in enumerate(numbers)
+    )
+    expected: dict[int, list[StepRow]] = {}
+    for row in rows:
+        expected.setdefault(row.step, []).append(row)
+    got = by_step(rows)
+    assert got == expected and list(got) == list(expected)
+    assert by_step(iter(rows)) == expected  # a one-shot iterable too

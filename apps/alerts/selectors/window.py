@@ -14,6 +14,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection
 from django.db.models import Q
@@ -25,6 +26,7 @@ from apps.alerts.selectors.replay import (
     replay_runs,
 )
 from apps.clusters.models import Cluster, Node
+from apps.core.db import query_logged
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
 from apps.runs.selectors import event_row, run_events_recent
@@ -126,7 +128,7 @@ def _run_windows(
     if not runs:
         return []
     until = None if started is None else now
-    steps = _steps(runs, until=until)
+    steps = _steps(runs, names=names, until=until)
     events = run_events_recent(runs, now, until=until)
     windows = []
     for run in runs:
@@ -149,60 +151,95 @@ def _run_windows(
 # ts as epoch seconds (a float loads far faster than a timestamptz: 30 k rows a window).
 _STEPROW_FIELDS = list(StepRow._fields)[1:]
 _STEPROW_COLUMNS = ", ".join(
-    "extract(epoch FROM s.ts)::float8" if name == "ts" else f"s.{name}" for name in _STEPROW_FIELDS
+    "extract(epoch FROM ts)::float8" if name == "ts" else name for name in _STEPROW_FIELDS
 )
-_CANARY_PROJ = _STEPROW_FIELDS.index("canary_proj") + 2  # after run_id and the node name
-# StepRow._make without its length check (the columns are its fields): 30 k rows a window
+_CANARY_PROJ = _STEPROW_FIELDS.index("canary_proj") + 2  # after run_id and the node id
+_RANK, _STEP = 1 + StepRow._fields.index("rank"), 1 + StepRow._fields.index("step")
+# StepRow._make without its length check (the columns are its fields)
 _step_row = partial(tuple.__new__, StepRow)
 # A rank reports a step once per timeline; twice covers a restart inside the window.
 STEP_REPORTS_PER_RANK_STEP = 2
 
 
-def _steps(runs: list[Run], until: float | None) -> dict[int, list[StepRow]]:
+def _steps(
+    runs: list[Run], *, names: dict[int, str], until: float | None
+) -> dict[int, list[StepRow]]:
     """The last ALERT_STEP_WINDOW steps of every rank of each run (reported at or before
-    `until`, if given), oldest first, at most world size × ALERT_STEP_WINDOW ×
+    `until`, if given), ordered by step then rank, at most world size × ALERT_STEP_WINDOW ×
     STEP_REPORTS_PER_RANK_STEP reports a run: one statement, a (run_id, step) index range
     per run (rows become StepRows without a model)."""
-    # One branch per run with its own bounds as literals (Django binds client-side): the
-    # planner then sees how few rows `step > n` leaves. A join against unnest()'d bounds
-    # hid them, and on a 22 M-report table it chose a parallel scan of every row (22 s).
-    # Only the run's current timeline: after a restart (its step counter went back) the old
-    # timeline's reports of the same step numbers are history, not progress. At most world
-    # size × ALERT_STEP_WINDOW × STEP_REPORTS_PER_RANK_STEP reports a run, the highest
-    # steps' newest (the same index range, read backwards): the whole window of a run whose
-    # ranks report each step once per timeline; a rank that reports one step again and
-    # again (the soak's batches all say step 100) made every pass read every report since
-    # the run started (docs/faults.md, 10).
+    sql, params = _steps_query(runs, until)
+    database = connection
+    database.ensure_connection()
+    # binary: floats and integers load without text parsing on either side (a pass's
+    # 30 k reports cost Postgres ~20 ms of output formatting and the worker as much again)
+    with query_logged(database, sql), psycopg.Cursor(database.connection) as cursor:
+        cursor.execute(sql, params, binary=True, prepare=False)
+        rows = cursor.fetchall()
+    # Sorted here, not by an outer ORDER BY: Postgres sorted the wide rows on disk (past
+    # work_mem) for ~40 ms a pass; Python sorts the tuples in place in a fifth of that.
+    # Reversed first, so that a stable sort leaves a rank's repeated reports of one step
+    # oldest first, as everything in the window is.
+    rows.reverse()
+    rows.sort(key=itemgetter(0, _STEP, _RANK))
+    return _step_rows(rows, names)
+
+
+def _steps_query(runs: list[Run], until: float | None) -> tuple[str, list[Any]]:
+    # One branch per run with its own bounds, bound to a statement never prepared (psycopg
+    # prepares one run 5 times, and a generic plan does not know the bounds): the planner sees
+    # how few rows `step > n` leaves (a join against unnest()'d bounds hid them, and on a 22
+    # M-report table it chose a parallel scan of every row: 22 s). Only the run's current
+    # timeline: after a restart (its step counter went back) the old timeline's reports of the
+    # same step numbers are history, not progress. At most world size × ALERT_STEP_WINDOW ×
+    # STEP_REPORTS_PER_RANK_STEP reports a run, the highest steps' newest (the same index range,
+    # read backwards): the whole window of a run whose ranks report each step once per timeline;
+    # a rank that reports one step again and again (the soak's batches all say step 100) made
+    # every pass read every report since the run started (docs/faults.md, 10). The node's id,
+    # not a join to its name: the names are at hand, and the join's 30 k lookups cost Postgres
+    # ~20 ms a pass.
     branch = (
-        f"(SELECT s.run_id, coalesce(n.name, s.node_id::text), {_STEPROW_COLUMNS}"
-        " FROM runs_stepreport s LEFT JOIN clusters_node n ON n.id = s.node_id"
-        " WHERE s.run_id = %s AND s.step > %s AND s.ts > %s"
-        + ("" if until is None else " AND s.ts <= to_timestamp(%s)")
-        + " ORDER BY s.step DESC, s.ts DESC LIMIT %s)"
+        f"(SELECT run_id, node_id, {_STEPROW_COLUMNS} FROM runs_stepreport"
+        " WHERE run_id = %s AND step > %s AND ts > %s"
+        + ("" if until is None else " AND ts <= to_timestamp(%s)")
+        + " ORDER BY step DESC, ts DESC LIMIT %s)"
     )
-    union = " UNION ALL ".join([branch] * len(runs))
-    sql = f"SELECT * FROM ({union}) w ORDER BY 1, 4, 3"  # run, step, rank
     params: list[Any] = []
     for run in runs:
         params += [run.id, (run.last_step or 0) - settings.ALERT_STEP_WINDOW, _after(run, until)]
         params += [] if until is None else [until]
         reports = max(1, run.world_size) * settings.ALERT_STEP_WINDOW * STEP_REPORTS_PER_RANK_STEP
         params.append(reports)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    # rows come ordered by run: one list per run, a tuple per row (a loop body per row cost
-    # the window more than the query did)
+    return " UNION ALL ".join([branch] * len(runs)), params
+
+
+def _step_rows(rows: list[tuple], names: dict[int, str]) -> dict[int, list[StepRow]]:
+    """Each run's StepRows of (run_id, node_id, fields after node...) rows ordered by run;
+    one comprehension, no loop body per row (30 k a window: the per-row work is most of
+    the window's Python; building columns and zipping them back cost more)."""
+    node = _NodeNames(names)
     return {
         run_id: [
-            _step_row(row[1:]) if row[_CANARY_PROJ] is None else _with_canary(row) for row in group
+            _step_row((node[row[1]], *row[2:]))
+            if row[_CANARY_PROJ] is None
+            else _with_canary(row, node)
+            for row in group
         ]
-        for run_id, group in groupby(rows, key=itemgetter(0))
+        for run_id, group in groupby(rows, itemgetter(0))
     }
 
 
-def _with_canary(row: tuple) -> StepRow:
-    return _step_row((*row[1:_CANARY_PROJ], tuple(row[_CANARY_PROJ]), *row[_CANARY_PROJ + 1 :]))
+class _NodeNames(dict[int, str]):
+    """Node id → name; an id the cluster's nodes lack reads as itself."""
+
+    def __missing__(self, node_id: int) -> str:
+        return str(node_id)
+
+
+def _with_canary(row: tuple, names: dict[int, str]) -> StepRow:
+    node = names[row[1]]
+    proj = tuple(row[_CANARY_PROJ])
+    return _step_row((node, *row[2:_CANARY_PROJ], proj, *row[_CANARY_PROJ + 1 :]))
 
 
 def _after(run: Run, until: float | None) -> datetime:

@@ -54,6 +54,7 @@ from apps.alerts.services.webhooks import (  # re-exported: the services' one en
 from apps.audit.choices import AuditAction, Outcome
 from apps.audit.services import audit_record
 from apps.clusters.models import Cluster, Node
+from apps.core.heap import gc_paused
 from apps.core.tasks import task_enqueue
 from apps.runs.choices import ENDED_STATES
 from apps.runs.models import Run
@@ -252,8 +253,9 @@ def alerts_evaluate(*, cluster: Cluster, now: float, as_of: bool = False) -> Syn
         logger.warning("detectors.detect_all is unavailable; alerts are not evaluated")
         return None
     started = time.perf_counter()
-    window = cluster_window(cluster=cluster, now=now, as_of=as_of)
-    findings = detect_all(window, now, config=detector_config(cluster=cluster))
+    with gc_paused():
+        window = cluster_window(cluster=cluster, now=now, as_of=as_of)
+        findings = detect_all(window, now, config=detector_config(cluster=cluster))
     result = alerts_sync(cluster=cluster, findings=findings, now=now)
     if not as_of:
         DetectorPass.objects.update_or_create(

@@ -1,0 +1,79 @@
+"""SeriesBlocks: many series' points from chunk rows a block at a time are what one pass over
+every point gives, whatever the block size (series split across blocks included)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apps.telemetry.blocks import SeriesBlocks
+
+START, END = 1_000.0, 1_060.0
+
+
+def reference(rows, *, resolution: float) -> dict:
+    """Every series' points in [START, END): stored order, stable-sorted by time, then the
+    newest point of each slot."""
+    points: dict = {}
+    for node, metric, gpu, e0, offsets, vals, _, _ in rows:
+        for offset, value in zip(offsets.tolist(), vals.tolist(), strict=True):
+            ts = e0 + offset / 1000.0
+            if START <= ts < END:
+                points.setdefault((node, metric, gpu), []).append((ts, value))
+    out = {}
+    for key, series in points.items():
+        series.sort(key=lambda point: point[0])  # stable
+        if resolution > 0:
+            slot = {math.floor((ts - START) / resolution): (ts, v) for ts, v in series}
+            series = [slot[k] for k in sorted(slot)]
+        out[key] = series
+    return out
+
+
+chunk = st.tuples(
+    st.floats(min_value=990.0, max_value=1_070.0, allow_nan=False),  # e0
+    st.lists(st.integers(min_value=0, max_value=9_000), min_size=0, max_size=12),  # offsets
+)
+series_chunks = st.lists(chunk, min_size=1, max_size=5)
+
+
+@st.composite
+def chunk_rows(draw):
+    rows = []
+    for index, chunks in enumerate(draw(st.lists(series_chunks, min_size=1, max_size=6))):
+        key = (index // 3, 7, index % 3 - 1)  # (node, metric, gpu), in key order
+        for e0, offsets in sorted(chunks, key=lambda c: c[0]):  # stored by t0
+            vals = np.arange(len(offsets), dtype=np.float64) + 100 * index
+            rows.append((*key, e0, np.array(offsets, dtype=np.int64), vals, None, None))
+    return rows
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=chunk_rows(),
+    block=st.integers(min_value=1, max_value=8),
+    resolution=st.sampled_from([0.0, 1.0, 2.5]),
+)
+def test_blocks_give_what_one_pass_over_every_point_gives(rows, block, resolution):
+    blocks = SeriesBlocks(start=START, end=END, resolution=resolution)
+    for first in range(0, len(rows), block):
+        blocks.add(rows[first : first + block])
+    assert blocks.series() == reference(rows, resolution=resolution)
+
+
+def test_a_dense_series_stays_bounded_as_blocks_come():
+    # 600 one-point-per-100-ms chunks of one series in 1-row blocks: what is held is merged
+    # and thinned whenever it passes twice the slots, so it never holds all 6,000 points
+    blocks = SeriesBlocks(start=START, end=END, resolution=1.0)
+    most = 0
+    for i in range(600):
+        offsets = np.arange(10, dtype=np.int64) * 10
+        e0 = START + i / 10
+        blocks.add([(1, 1, 0, e0, offsets, np.full(10, float(i)), None, None)])
+        most = max(most, blocks.held[(1, 1, 0)])
+    assert most <= 2 * 60 + 10
+    [(key, points)] = blocks.series().items()
+    assert len(points) == 60 and points[-1][1] == 599.0
