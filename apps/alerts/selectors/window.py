@@ -281,16 +281,27 @@ def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]
 
 
 # A raw chunk holds one batch of one series, so the gaps between the starts of a series'
-# consecutive raw chunks are the node's batch interval.
+# consecutive raw chunks are the node's batch interval. Each (node, series) is its own index
+# range of the chunks' (node, metric, gpu, t0) btree: the LATERAL with OFFSET 0 keeps the
+# planner from flattening it into one scan by time, which read the recent chunks of every
+# cluster's nodes for each cluster's pass (35 ms of Postgres a pass at 64 clusters; 0.6 now).
 _INTERVAL_SQL = """
 WITH c AS (
-    SELECT c.node_id, c.metric_id, c.gpu, c.t0,
+    SELECT n.id AS node_id,
            extract(epoch FROM c.t0 - lag(c.t0) OVER (
-               PARTITION BY c.node_id, c.metric_id, c.gpu ORDER BY c.t0))::float8 AS gap
-    FROM telemetry_chunk c JOIN telemetry_metric m ON m.id = c.metric_id
-    JOIN unnest(%(names)s::text[], %(gpus)s::int[]) AS s(name, gpu)
-      ON s.name = m.name AND s.gpu = c.gpu
-    WHERE c.node_id = ANY(%(nodes)s) AND NOT c.sealed AND c.t0 >= to_timestamp(%(start)s)
+               PARTITION BY n.id, s.metric_id, s.gpu ORDER BY c.t0))::float8 AS gap
+    FROM unnest(%(nodes)s::int8[]) AS n(id)
+    CROSS JOIN (
+        SELECT m.id AS metric_id, s.gpu
+        FROM unnest(%(names)s::text[], %(gpus)s::int[]) AS s(name, gpu)
+        JOIN telemetry_metric m ON m.name = s.name
+    ) s
+    CROSS JOIN LATERAL (
+        SELECT t0 FROM telemetry_chunk c
+        WHERE c.node_id = n.id AND c.metric_id = s.metric_id AND c.gpu = s.gpu
+          AND c.t0 >= to_timestamp(%(start)s) AND NOT c.sealed
+        OFFSET 0
+    ) c
 )
 SELECT node_id, percentile_cont(0.5) WITHIN GROUP (ORDER BY gap)
 FROM c WHERE gap > 0 GROUP BY node_id
