@@ -14,7 +14,6 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
-import psycopg
 from django.conf import settings
 from django.db import connection
 from django.db.models import Q
@@ -26,7 +25,7 @@ from apps.alerts.selectors.replay import (
     replay_runs,
 )
 from apps.clusters.models import Cluster, Node
-from apps.core.db import query_logged
+from apps.core.db import query_logged, server_cursor
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
 from apps.runs.selectors import event_row, run_events_recent
@@ -169,11 +168,9 @@ def _steps(
     STEP_REPORTS_PER_RANK_STEP reports a run: one statement, a (run_id, step) index range
     per run (rows become StepRows without a model)."""
     sql, params = _steps_query(runs, until)
-    database = connection
-    database.ensure_connection()
     # binary: floats and integers load without text parsing on either side (a pass's
     # 30 k reports cost Postgres ~20 ms of output formatting and the worker as much again)
-    with query_logged(database, sql), psycopg.Cursor(database.connection) as cursor:
+    with query_logged(connection, sql), server_cursor() as cursor:
         cursor.execute(sql, params, binary=True, prepare=False)
         rows = cursor.fetchall()
     # Sorted here, not by an outer ORDER BY: Postgres sorted the wide rows on disk (past
