@@ -8,6 +8,7 @@ those timestamps, as if every record had arrived at the moment it carries.
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 from functools import partial
 from itertools import groupby
@@ -148,12 +149,14 @@ def _run_windows(
 
 # StepRow's fields after `node`, in its order, as stored columns: rows load positionally, and
 # ts as epoch seconds (a float loads far faster than a timestamptz: 30 k rows a window).
+# date_part, not extract: extract's numeric cost Postgres 7 ms of a pass's 30 k rows, and
+# both are the double nearest the exact seconds (one correctly rounded division).
 _STEPROW_FIELDS = list(StepRow._fields)[1:]
 _STEPROW_COLUMNS = ", ".join(
-    "extract(epoch FROM ts)::float8" if name == "ts" else name for name in _STEPROW_FIELDS
+    "date_part('epoch', ts)" if name == "ts" else name for name in _STEPROW_FIELDS
 )
 _CANARY_PROJ = _STEPROW_FIELDS.index("canary_proj") + 2  # after run_id and the node id
-_RANK, _STEP = 1 + StepRow._fields.index("rank"), 1 + StepRow._fields.index("step")
+_RANK, _STEP, _TS = (1 + StepRow._fields.index(name) for name in ("rank", "step", "ts"))
 # StepRow._make without its length check (the columns are its fields)
 _step_row = partial(tuple.__new__, StepRow)
 # A rank reports a step once per timeline; twice covers a restart inside the window.
@@ -164,49 +167,70 @@ def _steps(
     runs: list[Run], *, names: dict[int, str], until: float | None
 ) -> dict[int, list[StepRow]]:
     """The last ALERT_STEP_WINDOW steps of every rank of each run (reported at or before
-    `until`, if given), ordered by step then rank, at most world size × ALERT_STEP_WINDOW ×
-    STEP_REPORTS_PER_RANK_STEP reports a run: one statement, a (run_id, step) index range
-    per run (rows become StepRows without a model)."""
-    sql, params = _steps_query(runs, until)
+    `until`, if given), ordered by step, rank, then time, at most world size ×
+    ALERT_STEP_WINDOW × STEP_REPORTS_PER_RANK_STEP reports a run: one statement, a run's
+    index range each (rows become StepRows without a model)."""
+    caps = {run.id: _reports_cap(run) for run in runs}
+    rows = _steps_fetch(runs, until, ordered=False, caps=caps)
+    # A run over its cap (ranks that report steps again and again) is read once more, its
+    # highest steps' newest reports only; the usual window needs no sort in Postgres.
+    counts = Counter(map(itemgetter(0), rows))
+    over = [run for run in runs if counts[run.id] > caps[run.id]]
+    if over:
+        ids = {run.id for run in over}
+        rows = [row for row in rows if row[0] not in ids]
+        rows += _steps_fetch(over, until, ordered=True, caps=caps)
+    # Sorted here, not by an ORDER BY: Postgres sorted the wide rows on disk (past
+    # work_mem) for ~10 ms a pass; Python sorts the tuples in place in less than half that.
+    rows.sort(key=itemgetter(0, _STEP, _RANK, _TS))
+    return _step_rows(rows, names)
+
+
+def _reports_cap(run: Run) -> int:
+    return max(1, run.world_size) * settings.ALERT_STEP_WINDOW * STEP_REPORTS_PER_RANK_STEP
+
+
+def _steps_fetch(
+    runs: list[Run], until: float | None, *, ordered: bool, caps: dict[int, int]
+) -> list[tuple]:
+    """(run_id, node_id, StepRow's fields after node...) rows of each run's window: unordered
+    up to its cap + 1 (one more than the cap says it was over), or `ordered`, its cap's
+    highest steps' newest."""
+    sql, params = _steps_query(runs, until, ordered=ordered, caps=caps)
     # binary: floats and integers load without text parsing on either side (a pass's
     # 30 k reports cost Postgres ~20 ms of output formatting and the worker as much again)
     with query_logged(connection, sql), server_cursor() as cursor:
         cursor.execute(sql, params, binary=True, prepare=False)
-        rows = cursor.fetchall()
-    # Sorted here, not by an outer ORDER BY: Postgres sorted the wide rows on disk (past
-    # work_mem) for ~40 ms a pass; Python sorts the tuples in place in a fifth of that.
-    # Reversed first, so that a stable sort leaves a rank's repeated reports of one step
-    # oldest first, as everything in the window is.
-    rows.reverse()
-    rows.sort(key=itemgetter(0, _STEP, _RANK))
-    return _step_rows(rows, names)
+        return cursor.fetchall()
 
 
-def _steps_query(runs: list[Run], until: float | None) -> tuple[str, list[Any]]:
+def _steps_query(
+    runs: list[Run], until: float | None, *, ordered: bool, caps: dict[int, int]
+) -> tuple[str, list[Any]]:
     # One branch per run with its own bounds, bound to a statement never prepared (psycopg
     # prepares one run 5 times, and a generic plan does not know the bounds): the planner sees
     # how few rows `step > n` leaves (a join against unnest()'d bounds hid them, and on a 22
     # M-report table it chose a parallel scan of every row: 22 s). Only the run's current
     # timeline: after a restart (its step counter went back) the old timeline's reports of the
     # same step numbers are history, not progress. At most world size × ALERT_STEP_WINDOW ×
-    # STEP_REPORTS_PER_RANK_STEP reports a run, the highest steps' newest (the same index range,
-    # read backwards): the whole window of a run whose ranks report each step once per timeline;
-    # a rank that reports one step again and again (the soak's batches all say step 100) made
-    # every pass read every report since the run started (docs/faults.md, 10). The node's id,
-    # not a join to its name: the names are at hand, and the join's 30 k lookups cost Postgres
-    # ~20 ms a pass.
+    # STEP_REPORTS_PER_RANK_STEP reports a run: the whole window of a run whose ranks report
+    # each step once per timeline; a rank that reports one step again and again (the soak's
+    # batches all say step 100) made every pass read every report since the run started
+    # (docs/faults.md, 10). Unordered, a branch stops at one report past that cap; ordered
+    # (a run over its cap), it keeps the highest steps' newest. The node's id, not a join to
+    # its name: the names are at hand, and the join's 30 k lookups cost Postgres ~20 ms.
     branch = (
         f"(SELECT run_id, node_id, {_STEPROW_COLUMNS} FROM runs_stepreport"
         " WHERE run_id = %s AND step > %s AND ts > %s"
         + ("" if until is None else " AND ts <= to_timestamp(%s)")
-        + " ORDER BY step DESC, ts DESC LIMIT %s)"
+        + (" ORDER BY step DESC, ts DESC" if ordered else "")
+        + " LIMIT %s)"
     )
     params: list[Any] = []
     for run in runs:
         params += [run.id, (run.last_step or 0) - settings.ALERT_STEP_WINDOW, _after(run, until)]
         params += [] if until is None else [until]
-        reports = max(1, run.world_size) * settings.ALERT_STEP_WINDOW * STEP_REPORTS_PER_RANK_STEP
-        params.append(reports)
+        params.append(caps[run.id] + (0 if ordered else 1))
     return " UNION ALL ".join([branch] * len(runs)), params
 
 
