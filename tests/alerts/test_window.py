@@ -253,3 +253,23 @@ def test_a_ranks_repeated_reports_of_a_step_stand_oldest_first(now):
     keys = [(row.step, row.rank, row.ts) for row in run.steps]
     assert len(keys) == 8 and keys == sorted(keys)
     assert {row.node for row in run.steps} == {"node-01"}
+
+
+def test_a_run_over_its_cap_is_read_again_in_order_beside_one_within_it(now):
+    # "steady" reports each step once (read unordered, as the usual window); "loop" repeats
+    # its steps past the cap (read again, its highest steps' newest): both come out whole,
+    # ordered by step, rank, then time, and neither takes the other's rows
+    cluster = Cluster.objects.create(name="mixed")
+    now = float(int(now))  # whole milliseconds below: stored exactly
+    steady = [step(rank, n, now - 60 + n + rank / 100) for n in range(6) for rank in (1, 0)]
+    loop = [step(0, n, now - 60 + r * 5 + n) for r in range(8) for n in (1, 2, 3)]
+    store(cluster, {"batch_id": "s", "node": "node-01", "run": "steady", "steps": steady}, now)
+    store(cluster, {"batch_id": "l", "node": "node-02", "run": "loop", "steps": loop}, now)
+
+    with override_settings(ALERT_STEP_WINDOW=3):
+        runs = {run.run: run for run in cluster_window(cluster=cluster, now=now).runs}
+    kept = [(row.step, row.rank, row.ts) for row in runs["steady"].steps]
+    assert kept == sorted((r["step"], r["rank"], r["ts"]) for r in steady if r["step"] > 2)
+    # the cap of a 1-rank run: 1 × 3 steps × 2 reports; step 3's 6 newest reports fill it
+    newest = sorted(r["ts"] for r in loop if r["step"] == 3)[-6:]
+    assert [(row.step, row.ts) for row in runs["loop"].steps] == [(3, ts) for ts in newest]
