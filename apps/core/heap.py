@@ -47,7 +47,9 @@ def gc_paused() -> Iterator[None]:
     series points), freed by reference counting when it ends; each 700 of them started a
     collection, and the older generations' collections walked the whole heap of a Django
     process: half a 256-rank pass's CPU (200 ms with, 104 without; docs/performance.md).
-    Cycles made meanwhile wait for the next collection after the block. Process-wide: a
+    Cycles made meanwhile wait for the next collection after the block. Drop the burst's
+    objects inside the block: freed after it, the collector's first run walks them all once
+    more (17 ms of a 120 ms pass, docs/performance-history.md). Process-wide: a
     thread's block that ends while another's runs turns it back on early, which costs
     only speed."""
     was_enabled = gc.isenabled()
