@@ -3,7 +3,7 @@ value comes from the environment (opsboard.env); opsboard.settings imports them 
 `beat_schedule` (their periodic tasks) to Celery beat's schedule.
 """
 
-from opsboard.env import env, envfloat, envint
+from opsboard.env import env, envfloat, envint, envlist
 
 beat_schedule: dict[str, dict] = {}
 
@@ -171,6 +171,17 @@ INGEST_RETRY_AFTER = envint("INGEST_RETRY_AFTER", 5)
 # stops a runaway agent. 0 turns the limit off.
 INGEST_RATE_PER_TOKEN = envfloat("INGEST_RATE_PER_TOKEN", 2000.0)
 INGEST_RATE_BURST = envint("INGEST_RATE_BURST", 4000)
+# Prometheus remote write (POST /api/v1/write, docs/contract.md): the label rules that map
+# a series onto a node (the first of these labels it has; `instance` loses its `:port`), the
+# labels never folded into a metric's name (a Prometheus's external labels), and the name
+# suffixes of counters when the request carries no metadata for the family.
+REMOTE_WRITE_NODE_LABELS = envlist("REMOTE_WRITE_NODE_LABELS", "opsboard_node,Hostname,instance")
+REMOTE_WRITE_DROP_LABELS = frozenset(
+    envlist("REMOTE_WRITE_DROP_LABELS", "prometheus,prometheus_replica,replica,cluster")
+)
+REMOTE_WRITE_COUNTER_SUFFIXES = envlist(
+    "REMOTE_WRITE_COUNTER_SUFFIXES", "_total,_sum,_count,_bucket"
+)
 # Samples are merged into one chunk per series per this many seconds once the window is over.
 TELEMETRY_CHUNK_SECONDS = envint("TELEMETRY_CHUNK_SECONDS", 600)
 # The pages open their websocket on this port of the page's host (the ASGI server's, when it

@@ -13,29 +13,38 @@ from apps.core.counters import counter_add
 from apps.core.errors import error_response
 
 INGEST_PATH = "/api/v1/ingest"
+# Prometheus remote write (apps.ingest.api.remote_write): snappy protobuf, its own decoding
+REMOTE_WRITE_PATH = "/api/v1/write"
 # What the ingest pool serves (settings: OPSBOARD_ROLE=ingest); /readyz and /metrics are
 # answered before this check, by apps.metrics.middleware.ProbeMiddleware
-INGEST_POOL_PATHS = frozenset({INGEST_PATH, "/healthz"})
-# opsboard_ingest_batches_total{outcome, status} (apps.metrics): every answer to a POST
+INGEST_POOL_PATHS = frozenset({INGEST_PATH, REMOTE_WRITE_PATH, "/healthz"})
+# opsboard_ingest_batches_total{outcome, status} (apps.metrics): every answer to a POST;
+# opsboard_remote_write_requests_total{outcome, status} the same for remote write
 INGEST_BATCHES = "opsboard_ingest_batches_total"
+REMOTE_WRITE_REQUESTS = "opsboard_remote_write_requests_total"
+# opsboard_remote_write_samples_total{outcome}: accepted, replayed, dropped, refused
+REMOTE_WRITE_SAMPLES = "opsboard_remote_write_samples_total"
+COUNTED = {INGEST_PATH: INGEST_BATCHES, REMOTE_WRITE_PATH: REMOTE_WRITE_REQUESTS}
 OUTCOMES = {202: "accepted", 200: "duplicate"}
 
 
 class IngestCountMiddleware:
-    """Counts every answer to POST /api/v1/ingest by outcome and status: accepted (202),
-    duplicate (200), refused (anything else, from any middleware or view after this one:
-    400 bad body, 401 token, 403 node, 413 size, 415 encoding, 429 rate, 503 database).
-    In memory, flushed to Redis by a thread (apps.core.counters): no round trip here."""
+    """Counts every answer to POST /api/v1/ingest (and /api/v1/write) by outcome and status:
+    accepted (202), duplicate or nothing new (200), refused (anything else, from any
+    middleware or view after this one: 400 bad body, 401 token, 403 node, 413 size, 415
+    encoding, 429 rate, 503 database). In memory, flushed to Redis by a thread
+    (apps.core.counters): no round trip here."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
         response = self.get_response(request)
-        if request.method == "POST" and request.path_info == INGEST_PATH:
+        counter = COUNTED.get(request.path_info)
+        if request.method == "POST" and counter is not None:
             status = response.status_code
             outcome = OUTCOMES.get(status, "refused")
-            counter_add(INGEST_BATCHES, {"outcome": outcome, "status": str(status)})
+            counter_add(counter, {"outcome": outcome, "status": str(status)})
         return response
 
 
@@ -50,7 +59,13 @@ class IngestOnlyMiddleware:
     def __call__(self, request):
         if request.path_info not in INGEST_POOL_PATHS:
             return error_response(
-                404, [{"loc": "path", "msg": "the ingest pool serves POST /api/v1/ingest only"}]
+                404,
+                [
+                    {
+                        "loc": "path",
+                        "msg": "the ingest pool serves POST /api/v1/ingest and /api/v1/write only",
+                    }
+                ],
             )
         return self.get_response(request)
 

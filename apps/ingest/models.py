@@ -98,3 +98,28 @@ def decode_payload(payload: bytes, encoding: str) -> bytes:
     if inflater.unused_data:
         raise PayloadError("bytes after the gzip member (a second member or trailing data)")
     return body
+
+
+class RemoteSeries(models.Model):
+    """A remote-written Prometheus series' last accepted sample (POST /api/v1/write).
+
+    Its value is what the next sample's rate is taken from (counters) or compared with (the
+    last XID, ECC counts); its time is the series' watermark: a sample at or before it was
+    accepted already (a Prometheus replaying its WAL after a restart sends some again), so it
+    is dropped, never stored twice. Updated in the transaction that accepts the batch."""
+
+    token = models.ForeignKey(AgentToken, on_delete=models.CASCADE, related_name="+")
+    # node, metric and GPU of the stored series, separated by "/" (none of them holds one)
+    key = models.TextField()
+    ts = models.FloatField()
+    value = models.FloatField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["token", "key"], name="remoteseries_unique_key")
+        ]
+        # no index on `ts`: every write moves it, and an index on it would cost each update
+        # its heap-only path; the hourly prune reads the table through
+
+    def __str__(self) -> str:
+        return f"{self.token_id}/{self.key}"

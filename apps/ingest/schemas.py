@@ -318,3 +318,29 @@ class IngestAccepted(BaseModel):
 class IngestDuplicate(BaseModel):
     batch_id: str
     duplicate: Literal[True]
+
+
+class RemoteWriteRefusal(BaseModel):
+    series: str = Field(description='the series as Prometheus names it: name{label="value",...}')
+    reason: str
+
+
+class RemoteWriteRefused(BaseModel):
+    series: int
+    samples: int
+    examples: list[RemoteWriteRefusal] = Field(description="the first 20 refused series")
+
+
+class RemoteWriteCounts(BaseModel):
+    samples: int
+    events: int
+
+
+class RemoteWriteAnswer(BaseModel):
+    """What became of a remote-write request's samples (docs/contract.md)."""
+
+    accepted: RemoteWriteCounts
+    batches: int = Field(description="ingest batches committed to the inbox")
+    replayed: int = Field(description="samples at or before their series' last: accepted before")
+    dropped: int = Field(description="staleness markers, NaN, DCGM blanks, unkept buckets")
+    refused: RemoteWriteRefused

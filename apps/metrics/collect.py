@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from apps.alerts.selectors import periodic_skips
 from apps.core.counters import Labels, counters_read, gauges_read
-from apps.ingest.middleware import INGEST_BATCHES
+from apps.ingest.middleware import INGEST_BATCHES, REMOTE_WRITE_REQUESTS, REMOTE_WRITE_SAMPLES
 from apps.ingest.services.latency import BATCH_LATENCY, BATCH_LATENCY_BUCKETS
 from apps.live.consumers import WS_CLIENTS
 from apps.metrics import selectors
@@ -115,6 +115,22 @@ def _redis(now: float) -> Iterator[Metric]:
     for labels, value in _series(counters, INGEST_BATCHES):
         batches.add_metric([dict(labels)["outcome"], dict(labels)["status"]], value)
     yield batches
+    writes = CounterMetricFamily(
+        REMOTE_WRITE_REQUESTS.removesuffix("_total"),
+        "Answers to POST /api/v1/write: accepted (202), nothing new (200), refused (any other)",
+        labels=["outcome", "status"],
+    )
+    for labels, value in _series(counters, REMOTE_WRITE_REQUESTS):
+        writes.add_metric([dict(labels)["outcome"], dict(labels)["status"]], value)
+    yield writes
+    written = CounterMetricFamily(
+        REMOTE_WRITE_SAMPLES.removesuffix("_total"),
+        "Remote-written samples: accepted, replayed (accepted before), dropped, refused",
+        labels=["outcome"],
+    )
+    for labels, value in _series(counters, REMOTE_WRITE_SAMPLES):
+        written.add_metric([dict(labels)["outcome"]], value)
+    yield written
     yield _histogram(counters, BATCH_LATENCY, "Seconds from a batch's accept to its storing")
     skipped = CounterMetricFamily(
         "opsboard_periodic_skipped", "Periodic passes that did not run", labels=["task", "reason"]

@@ -25,7 +25,20 @@ INBOX_PROCESSED = PruneTarget(
 )
 
 
+# A remote-written series' watermark (apps.ingest.services.remote_write) matters as long as a
+# sample at or before it could still be accepted: the same span as a batch_id's.
+REMOTE_SERIES_IDLE = PruneTarget(
+    "ingest_remoteseries",
+    "ts < extract(epoch FROM %(cutoff)s::timestamptz)",
+    retention_setting="",  # derived from the ts window, not a setting
+)
+
+
 def inbox_prune(*, now: datetime) -> int:
-    """Delete processed, unquarantined inbox rows received before now − INBOX_KEEP, in
-    batches as history's pruning does (apps.history.services.table_prune)."""
-    return table_prune(target=INBOX_PROCESSED, cutoff=now - INBOX_KEEP)
+    """Delete processed, unquarantined inbox rows received before now − INBOX_KEEP, and the
+    remote-written series silent since then, in batches as history's pruning does
+    (apps.history.services.table_prune)."""
+    cutoff = now - INBOX_KEEP
+    return table_prune(target=INBOX_PROCESSED, cutoff=cutoff) + table_prune(
+        target=REMOTE_SERIES_IDLE, cutoff=cutoff
+    )
