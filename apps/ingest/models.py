@@ -123,3 +123,23 @@ class RemoteSeries(models.Model):
 
     def __str__(self) -> str:
         return f"{self.token_id}/{self.key}"
+
+
+class RemoteFamily(models.Model):
+    """A metric family's type as a Prometheus's remote-write metadata last told it.
+
+    Prometheus sends metadata in requests of their own (every `metadata_config.send_interval`),
+    not with the samples; kept here, it gives later samples their type (a histogram's `_count`
+    is a counter, a gauge named `..._count` is not) in every web process."""
+
+    token = models.ForeignKey(AgentToken, on_delete=models.CASCADE, related_name="+")
+    name = models.TextField()
+    type = models.CharField(max_length=16)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["token", "name"], name="remotefamily_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.token_id}/{self.name}"

@@ -10,8 +10,9 @@ What remote write adds is told by settings (the label rules):
 - the node is the value of the first of REMOTE_WRITE_NODE_LABELS a series has
   (`opsboard_node`, dcgm-exporter's `Hostname`, then `instance` without its `:port`);
 - REMOTE_WRITE_DROP_LABELS are never folded into names (a Prometheus's external labels);
-- a family's type is the request's metadata when it has some, else its name's suffix
-  (REMOTE_WRITE_COUNTER_SUFFIXES: `_total`, a histogram's `_sum`/`_count`/`_bucket`).
+- a family's type is its metadata (sent by Prometheus in requests of their own, kept in
+  RemoteFamily) when there is some, else its name's suffix (REMOTE_WRITE_COUNTER_SUFFIXES:
+  `_total`, a histogram's `_sum`/`_count`/`_bucket`).
 """
 
 from __future__ import annotations
@@ -102,10 +103,16 @@ def _node_of(labels: dict[str, str]) -> tuple[str, str]:
     return "", ""
 
 
+def family_names(name: str) -> tuple[str, str]:
+    """The names whose metadata may type sample `name`: its own and its family's (`x_count`
+    of histogram `x`)."""
+    return name, next((name[: -len(s)] for s in _FAMILY_SUFFIXES if name.endswith(s)), name)
+
+
 def _family_of(name: str, metadata: dict[str, str]) -> Family:
-    """The family's type from the request's metadata (by the sample name or its family's),
-    else by the name's suffix: a counter when it ends as a counter's samples do."""
-    base = next((name[: -len(s)] for s in _FAMILY_SUFFIXES if name.endswith(s)), name)
+    """The family's type from metadata (by the sample name or its family's), else by the
+    name's suffix: a counter when it ends as a counter's samples do."""
+    _, base = family_names(name)
     for family in (name, base):
         if family in metadata:
             return Family(metadata[family], family)

@@ -28,12 +28,13 @@ from apps.core.bounds import CODE_MAX, CODE_MIN, COUNT_MAX, FLOAT_ABS_MAX
 from apps.ingest.prompb import WriteRequest
 from apps.ingest.schemas import FUTURE_LIMIT_S, PAST_LIMIT_S, BatchRejected, TooManyRecords
 from apps.ingest.services import batch_accept
-from apps.ingest.services.remote_series import Mapped, Refused, series_map
+from apps.ingest.services.remote_series import Mapped, Refused, family_names, series_map
 from apps.ingest.validation import batch_validate
 from opsboard_agent.collectors import dcgm
 from opsboard_agent.collectors.series import RATE, XID
 
 EXAMPLES_MAX = 20  # refused series named in an answer; the rest are counted
+FAMILY_MAX_LENGTH = 1024
 SEP = "/"  # neither a node name nor a metric holds one (the contract)
 
 
@@ -104,7 +105,8 @@ def remote_write_accept(
     outcome = WriteOutcome()
     for labels in request.histogram_series:
         outcome.refuse(labels, "native histograms are not stored; send classic buckets", 1)
-    series = _series_mapped(token, request, outcome)
+    metadata = _metadata(token, request)
+    series = _series_mapped(token, request, metadata, outcome)
     if not series:
         return outcome
     digest = hashlib.blake2b(body, digest_size=16).hexdigest()
@@ -119,11 +121,37 @@ def remote_write_accept(
     return outcome
 
 
-def _series_mapped(token: AgentToken, request: WriteRequest, outcome: WriteOutcome):
+def _metadata(token: AgentToken, request: WriteRequest) -> dict[str, str]:
+    """Family → type for this request's series: what earlier requests' metadata said, and
+    this one's (kept for later requests; a name too long for any metric is not kept)."""
+    wanted = {f for labels, _ in request.series for f in family_names(labels.get("__name__", ""))}
+    told = {k: v for k, v in request.metadata.items() if 0 < len(k) <= FAMILY_MAX_LENGTH}
+    with connection.cursor() as cursor:
+        if told:
+            names = sorted(told)
+            cursor.execute(
+                "INSERT INTO ingest_remotefamily (token_id, name, type)"
+                " SELECT %s, n, t FROM unnest(%s::text[], %s::text[]) AS u(n, t)"
+                " ON CONFLICT (token_id, name) DO UPDATE SET type = excluded.type"
+                " WHERE ingest_remotefamily.type <> excluded.type",
+                [token.pk, names, [told[n] for n in names]],
+            )
+        if not wanted - told.keys():
+            return told
+        cursor.execute(
+            "SELECT name, type FROM ingest_remotefamily WHERE token_id = %s AND name = ANY(%s)",
+            [token.pk, sorted(wanted - told.keys())],
+        )
+        return {**dict(cursor.fetchall()), **told}
+
+
+def _series_mapped(
+    token: AgentToken, request: WriteRequest, metadata: dict[str, str], outcome: WriteOutcome
+):
     series: dict[str, _Series] = {}
     allowed: dict[str, bool] = {}
     for labels, samples in request.series:
-        mapped = series_map(labels, request.metadata)
+        mapped = series_map(labels, metadata)
         if mapped is None:
             outcome.dropped += len(samples)
             continue
