@@ -61,18 +61,21 @@ class Senders:
         bodies: list[list[bytes]],
         rate: float,
         samples_per_batch: int = SECONDS_PER_BATCH * SERIES_PER_NODE,
+        path: str = "/api/v1/ingest",
+        content: str = "Content-Type: application/json\r\nContent-Encoding: gzip\r\n",
     ) -> None:
+        """`path` and `content` (the body's header lines) are the agent's by default; a
+        Prometheus's remote write for bench/remote_write.py."""
         self.address = urlsplit(url)
         # Agents post from hosts of their own; these senders share the stack's two cores, so
         # they spend as little as they can: every request is built here, before the clock
         # starts, and written to a plain socket (post_raw). That is ~0.1 ms of CPU a POST,
         # where http.client spent ~0.6 and httpx ~1 (6-10 % of the stack's budget).
         head = (
-            "POST /api/v1/ingest HTTP/1.1\r\n"
+            f"POST {path} HTTP/1.1\r\n"
             f"Host: {self.address.netloc}\r\n"
             f"Authorization: Bearer {secret}\r\n"
-            "Content-Type: application/json\r\n"
-            "Content-Encoding: gzip\r\n"  # as the agent sends
+            f"{content}"
             "Connection: close\r\n"  # a connection per POST, as gunicorn's sync workers do
         ).encode()
         self.requests = [

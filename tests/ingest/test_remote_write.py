@@ -139,10 +139,12 @@ def test_a_request_sent_again_or_replayed_is_stored_once(live_stack, agent_token
     assert again.json()["accepted"] == {"samples": 0, "events": 0}
     # After a Prometheus restart its WAL replay resends samples in new requests: the old
     # ones are dropped by their series' watermark, the new one is stored.
+    # (as Prometheus 2 writes them: each sample a series entry of its own, labels repeated)
     replay = write_request_encode(
         [
-            (labels, [(t0, value), (t0 + 5_000, value + 5)])
+            (labels, [sample])
             for labels, [(_, value)] in node_series(t0, 10.0, 1e9)
+            for sample in ((t0 + 5_000, value + 5), (t0, value))
         ]
     )
     answer = post(live_stack.url, secret, replay)

@@ -167,11 +167,16 @@ def _series_mapped(
             continue
         gpu = "" if mapped.plan.gpu is None else str(mapped.plan.gpu)
         key = SEP.join((node, mapped.plan.metric, gpu))
-        if key in series:  # two label sets that name one stored series: the first keeps it
+        known = series.get(key)
+        if known is None:
+            series[key] = _Series(key, labels, mapped, list(samples))
+        elif known.labels == labels:  # Prometheus 2 sends each sample as a series of its own
+            known.samples.extend(samples)
+        else:  # two label sets that name one stored series: the first keeps it
             reason = f"stored as {mapped.plan.metric!r}, as another series is"
             outcome.refuse(labels, reason, len(samples))
-            continue
-        series[key] = _Series(key, labels, mapped, sorted(samples))
+    for entry in series.values():
+        entry.samples.sort()
     return list(series.values())
 
 
