@@ -114,8 +114,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
         base_ts = time.time() - 3 * 3600 + round_ * 600
         print(f"round {round_ + 1}: preparing {per_sender * args.senders} requests each...")
         json_bodies = [
-            make_bodies(args.senders * round_ + s, per_sender, base_ts)
-            for s in range(args.senders)
+            make_bodies(args.senders * round_ + s, per_sender, base_ts) for s in range(args.senders)
         ]
         write_bodies = [
             remote_write_bodies(s, per_sender, base_ts, round_) for s in range(args.senders)
@@ -143,9 +142,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     )
     for endpoint, runs in results.items():
         rates = [r["rate"] for r in runs]
-        cpu = {
-            role: statistics.fmean(r["cpu"][role] for r in runs) for role in runs[0]["cpu"]
-        }
+        cpu = {role: statistics.fmean(r["cpu"][role] for r in runs) for role in runs[0]["cpu"]}
         roles = ", ".join(f"{role} {us:.2f}" for role, us in cpu.items() if role != "total")
         print(
             f"{endpoint:13} {statistics.median(rates):10,.0f} samples/s median "
