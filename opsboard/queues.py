@@ -40,6 +40,7 @@ CELERY_TASK_ROUTES = {
         "ingest.inbox_prune",
         "runs.events_prune",
         "alerts.prune",
+        "alerts.alertmanager_resend",
         "commands.prune",
         "access.logins_prune",
         "commands.sweep",

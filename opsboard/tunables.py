@@ -35,6 +35,13 @@ ALERT_IDLE_S = envfloat("ALERT_IDLE_S", 3600.0)
 ALERT_WEBHOOK_ATTEMPTS = envint("ALERT_WEBHOOK_ATTEMPTS", 5)
 ALERT_WEBHOOK_BACKOFF_S = envint("ALERT_WEBHOOK_BACKOFF_S", 2)
 ALERT_WEBHOOK_TIMEOUT_S = envfloat("ALERT_WEBHOOK_TIMEOUT_S", 5.0)
+# Firing alerts are posted again to Alertmanager endpoints this often: well within its
+# resolve_timeout (5 min by default), after which it would resolve them itself.
+ALERTMANAGER_RESEND_S = envfloat("ALERTMANAGER_RESEND_S", 60.0)
+beat_schedule["alertmanager-resend"] = periodic("alerts.alertmanager_resend", ALERTMANAGER_RESEND_S)
+# Opsboard's address as people reach it: the links in notifications (Alertmanager's
+# runbook_url / opsboard_url annotations) point there.
+OPSBOARD_URL = env("OPSBOARD_URL", "http://127.0.0.1:8000")
 
 # --- Commands (docs/actions.md) ---------------------------------------------------------------
 # A command nobody carried out this long after it was issued ends `expired`.

@@ -53,6 +53,8 @@ WEBHOOK_EVENTS = (AlertEvent.OPENED, AlertEvent.ESCALATED, AlertEvent.RESOLVED)
 class WebhookFormat(models.TextChoices):
     GENERIC = "generic", "generic JSON"
     SLACK = "slack", "Slack-compatible"
+    # the endpoint's URL is an Alertmanager's POST /api/v2/alerts (apps.alerts.services.webhooks)
+    ALERTMANAGER = "alertmanager", "Alertmanager"
 
 
 # Redis hash of skipped periodic passes: "<task>:<reason>" → count. Written by

@@ -40,3 +40,8 @@ def prune() -> dict[str, int]:
 )
 def webhook_deliver(delivery_id: int) -> bool:
     return services.webhook_deliver(delivery_id=delivery_id)
+
+
+@shared_task(name="alerts.alertmanager_resend", ignore_result=True)
+def alertmanager_resend() -> int:
+    return services.alertmanager_resend()

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
+from apps.clusters.services import token_issue
 from apps.ingest.models import InboxBatch
 from launcher.procs import free_port, http_ok, wait_until
 from opsboard_agent.collectors.scrape import TargetReader
 from opsboard_agent.targets import ScrapeTarget
-from tests.agent.conftest import FIXTURES, serve_file
+from tests.agent.conftest import FIXTURES, REPO, serve_file
 from tests.agent.conftest import loopback as loopback  # a fixture, used by name
 from tests.agent.test_real_exporters import check_one_value_per_timestamp, start, stop
 from tests.ingest.test_remote_write import stored
@@ -55,11 +57,13 @@ scrape_configs:
     metrics_path: /metrics
     authorization: {{credentials: test-scrape-token}}
     static_configs: [{{targets: ["{opsboard}"]}}]
+  - job_name: agent
+    static_configs: [{{targets: ["127.0.0.1:{agent_port}"]}}]
 remote_write:
   - url: {opsboard_url}/api/v1/write
     authorization: {{credentials_file: {token_file}}}
-    write_relabel_configs:  # Opsboard's own series are for the Prometheus, not written back
-      - {{source_labels: [job], regex: opsboard, action: drop}}
+    write_relabel_configs:  # Opsboard's and its agent's own series stay in the Prometheus
+      - {{source_labels: [job], regex: "opsboard|agent", action: drop}}
     queue_config: {{batch_send_deadline: 1s, min_backoff: 100ms, max_backoff: 1s,
                    retry_on_http_429: true}}
     metadata_config: {{send_interval: 1s}}  # the families' types, soon after the start
@@ -106,7 +110,8 @@ def test_a_real_prometheus_writes_both_exporters_onto_their_node(
     token, secret = agent_token
     server, files = captures
     (tmp_path / "token").write_text(secret)
-    port = free_port()
+    port, agent_port = free_port(), free_port()
+    agent = start_agent(live_stack.url, agent_port, tmp_path)
     (tmp_path / "prometheus.yml").write_text(
         CONFIG.format(
             exporters=server.url.removeprefix("http://"),
@@ -114,6 +119,7 @@ def test_a_real_prometheus_writes_both_exporters_onto_their_node(
             opsboard=live_stack.url.removeprefix("http://"),
             opsboard_url=live_stack.url,
             token_file=tmp_path / "token",
+            agent_port=agent_port,
         )
     )
     prometheus = start(
@@ -146,8 +152,21 @@ def test_a_real_prometheus_writes_both_exporters_onto_their_node(
         )
         backlog = prometheus_query(prometheus_url, "opsboard_inbox_backlog_batches")
         assert backlog and float(backlog[0]["value"][1]) >= 0
+        # the agent's own /metrics: the batches it sent grow as it sends one a second
+        sent = "opsboard_agent_batches_sent_total"
+        wait_until(lambda: prometheus_query(prometheus_url, f"{sent} > 0"), 30, "agent scraped")
+        before = float(prometheus_query(prometheus_url, sent)[0]["value"][1])
+        wait_until(
+            lambda: float(prometheus_query(prometheus_url, sent)[0]["value"][1]) > before,
+            30,
+            "the agent's sent batches to grow",
+        )
+        # the detectors ran for the remote-written cluster, within their period
+        age = f'opsboard_detector_pass_age_seconds{{cluster="{token.cluster.name}"}}'
+        wait_until(lambda: prometheus_query(prometheus_url, f"{age} < 30"), 60, "a fresh pass")
     finally:
         stop(prometheus)
+        stop(agent)
     log = (tmp_path / "prometheus.log").read_text()
     assert "non-recoverable" not in log and "Failed to send" not in log, log[-3000:]
     wait_until(
@@ -177,6 +196,20 @@ def test_a_real_prometheus_writes_both_exporters_onto_their_node(
     assert listing.status_code == 200, listing.text
     sources = {s["source"]: s["series"] for s in listing.json()["sources"]}
     assert sources["node"] == len({n for n in names if n.startswith("node:")})
+
+
+def start_agent(url: str, metrics_port: int, tmp_path: Path):
+    """The agent, with its /metrics on `metrics_port`, posting as a node of a cluster of its
+    own (so that the remote-written cluster holds the Prometheus's node alone)."""
+    _, secret = token_issue(cluster_name=f"agent-{metrics_port}", name="agent")
+    (tmp_path / "agent-token").write_text(secret)
+    command = [
+        sys.executable, "-m", "opsboard_agent", "run", "--server", url,
+        "--token-file", str(tmp_path / "agent-token"), "--node", "agent-node", "--no-gpu",
+        "--interval", "1", "--metrics-port", str(metrics_port),
+        "--spool-dir", str(tmp_path / "spool"), "--log-level", "WARNING",
+    ]  # fmt: skip
+    return start(command, tmp_path / "agent.log", env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def expected_names(job: str, path: Path) -> set[str]:

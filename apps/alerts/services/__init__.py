@@ -47,6 +47,7 @@ from apps.alerts.services.webhooks import (  # re-exported: the services' one en
     WEBHOOK_DELIVER_TASK,
     WEBHOOK_SWEEP_AGE_S,
     WebhookFailed,
+    alertmanager_resend,
     slack_escape,
     webhook_deliver,
     webhooks_sweep,
@@ -68,6 +69,7 @@ __all__ = [
     "WebhookFailed",
     "alerts_prune",
     "periodic_skip_count",
+    "alertmanager_resend",
     "slack_escape",
     "webhook_deliver",
 ]

@@ -3,6 +3,7 @@ of deliveries never enqueued."""
 
 from __future__ import annotations
 
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -15,8 +16,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.alerts.choices import WebhookFormat
-from apps.alerts.models import WebhookDelivery
+from apps.alerts.models import Alert, WebhookDelivery, WebhookEndpoint
+from apps.alerts.selectors import alert_json
 from apps.core.tasks import task_enqueue
+
+logger = logging.getLogger(__name__)
 
 # A delivery not attempted this long after its alert changed was never enqueued.
 WEBHOOK_SWEEP_AGE_S = 300
@@ -43,9 +47,11 @@ def webhooks_sweep(*, now: float) -> int:
     return len(ids)
 
 
-def webhook_body(*, fmt: str, event: str, cluster: str, alert: Mapping[str, Any]) -> dict:
-    """The body posted to an endpoint: the contract's alert object with the event name, or
-    for Slack-compatible endpoints a {"text": ...} message."""
+def webhook_body(*, fmt: str, event: str, cluster: str, alert: Mapping[str, Any]) -> dict | list:
+    """The body posted to an endpoint: the contract's alert object with the event name, for
+    Slack-compatible endpoints a {"text": ...} message, for an Alertmanager its alert list."""
+    if fmt == WebhookFormat.ALERTMANAGER:
+        return [alertmanager_alert(cluster=cluster, alert=alert)]
     if fmt == WebhookFormat.SLACK:
         where = ", ".join(
             f"{name} {alert[name]}"
@@ -59,6 +65,78 @@ def webhook_body(*, fmt: str, event: str, cluster: str, alert: Mapping[str, Any]
         # Names and summaries come from agents: `<!channel>` in a node name must not ping.
         return {"text": slack_escape(text)}
     return {"event": event, "cluster": cluster, "alert": dict(alert)}
+
+
+def alertmanager_alert(*, cluster: str, alert: Mapping[str, Any]) -> dict[str, Any]:
+    """One alert as Alertmanager's POST /api/v2/alerts takes it (docs/operations.md).
+
+    Labels identify it (`alertname` is the kind; `opsboard_alert` keeps two alerts of one kind
+    on one node apart) and are what Alertmanager groups, routes and silences on. `endsAt` is
+    set when the alert resolves; an acknowledged alert still fires (silence it in Alertmanager
+    to stop its pages). While it fires, it is sent again every ALERTMANAGER_RESEND_S, within
+    Alertmanager's resolve_timeout (alertmanager_resend)."""
+    labels = {
+        "alertname": alert["kind"],
+        "cluster": cluster,
+        "severity": alert["severity"],
+        "opsboard_alert": str(alert["id"]),
+    }
+    for name in ("node", "run", "rank", "gpu"):
+        if alert[name] is not None:
+            labels[name] = str(alert[name])
+    url = f"{settings.OPSBOARD_URL.rstrip('/')}/alerts/{alert['id']}/"
+    body: dict[str, Any] = {
+        "labels": labels,
+        "annotations": {"summary": alert["summary"], "opsboard_url": url, "runbook_url": url},
+        "startsAt": _rfc3339(alert["opened_at"]),
+        "generatorURL": url,
+    }
+    if alert["resolved_at"] is not None:
+        body["endsAt"] = _rfc3339(alert["resolved_at"])
+    return body
+
+
+def _rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def alertmanager_resend(*, limit: int = 1000) -> int:
+    """Post every firing alert again to the Alertmanager endpoints of its cluster (one POST
+    per endpoint): Alertmanager resolves an alert it has not heard of for resolve_timeout.
+    Returns how many alerts were sent; an endpoint that fails is tried at the next pass."""
+    sent = 0
+    endpoints = WebhookEndpoint.objects.filter(
+        active=True, format=WebhookFormat.ALERTMANAGER
+    ).select_related("cluster")
+    for endpoint in endpoints:
+        firing = (
+            Alert.objects.select_related("run", "node")
+            .filter(cluster=endpoint.cluster, resolved_at__isnull=True)
+            .order_by("pk")[:limit]
+        )
+        body = [
+            alertmanager_alert(cluster=endpoint.cluster.name, alert=alert_json(a)) for a in firing
+        ]
+        if not body:
+            continue
+        try:
+            _post(endpoint.url, body)
+        except (urllib.error.URLError, OSError) as error:
+            logger.warning("alertmanager resend to %s failed: %s", endpoint.url, error)
+            continue
+        sent += len(body)
+    return sent
+
+
+def _post(url: str, body: Any) -> None:
+    request = urllib.request.Request(
+        url,
+        data=orjson.dumps(body),
+        headers={"Content-Type": "application/json", "User-Agent": "Opsboard-alerts/1"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=settings.ALERT_WEBHOOK_TIMEOUT_S):
+        pass  # urlopen raises HTTPError for any status >= 400
 
 
 def slack_escape(text: str) -> str:
@@ -75,15 +153,8 @@ def webhook_deliver(*, delivery_id: int) -> bool:
     if delivery is None or delivery.delivered_at is not None:
         return False
     WebhookDelivery.objects.filter(pk=delivery_id).update(attempts=F("attempts") + 1)
-    request = urllib.request.Request(
-        delivery.endpoint.url,
-        data=orjson.dumps(delivery.payload),
-        headers={"Content-Type": "application/json", "User-Agent": "Opsboard-alerts/1"},
-        method="POST",
-    )
     try:
-        with urllib.request.urlopen(request, timeout=settings.ALERT_WEBHOOK_TIMEOUT_S):
-            pass  # urlopen raises HTTPError for any status >= 400
+        _post(delivery.endpoint.url, delivery.payload)
     except (urllib.error.URLError, OSError) as error:
         message = f"HTTP {error.code}" if isinstance(error, urllib.error.HTTPError) else str(error)
         WebhookDelivery.objects.filter(pk=delivery_id).update(last_error=message[:1000])
