@@ -1,4 +1,4 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 
 from apps.access.admin_scoping import ADMINISTERED, ClusterScopedAdmin
 from apps.alerts.models import (
@@ -6,6 +6,7 @@ from apps.alerts.models import (
     ClusterDetectorConfig,
     WebhookDelivery,
     WebhookEndpoint,
+    new_signing_secret,
 )
 
 
@@ -42,6 +43,29 @@ class WebhookEndpointAdmin(ClusterScopedAdmin):
     list_display = ["url", "cluster", "format", "active", "created_at"]
     list_filter = ["format", "active", "cluster"]
     inlines = [WebhookDeliveryInline]
+    actions = ["signing_secret_rotate"]
+
+    def save_model(self, request, obj, form, change) -> None:
+        super().save_model(request, obj, form, change)
+        if not change:
+            _secret_show(request, obj)
+
+    @admin.action(description="Make a new signing secret (shown once)")
+    def signing_secret_rotate(self, request, queryset) -> None:
+        for endpoint in queryset:
+            endpoint.signing_secret = new_signing_secret()
+            endpoint.save(update_fields=["signing_secret"])
+            _secret_show(request, endpoint)
+
+
+def _secret_show(request, endpoint: WebhookEndpoint) -> None:
+    """The signing secret, once: the receiver verifies each delivery with it (docs/operations.md,
+    "Signed webhooks"); it is not shown again."""
+    messages.warning(
+        request,
+        f"Signing secret of {endpoint.url} (copy it now, it is not shown again): "
+        f"{endpoint.signing_secret}",
+    )
 
 
 @admin.register(ClusterDetectorConfig)

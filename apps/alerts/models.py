@@ -1,3 +1,6 @@
+import base64
+import secrets
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -54,6 +57,11 @@ class Alert(models.Model):
         return f"{self.kind} {self.subject} ({self.state})"
 
 
+def new_signing_secret() -> str:
+    """A Standard Webhooks secret: `whsec_` and 24 random bytes in base64."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+
+
 class WebhookEndpoint(models.Model):
     """Where a cluster's alert changes (opened, escalated, resolved) are posted."""
 
@@ -64,6 +72,10 @@ class WebhookEndpoint(models.Model):
     )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The Standard Webhooks signing secret (`whsec_` + base64): every delivery is signed with
+    # it (webhook-id, webhook-timestamp, webhook-signature headers) so that the receiver can
+    # tell Opsboard's posts from anyone's. Made when the endpoint is, shown once (the admin).
+    signing_secret = models.CharField(max_length=64, editable=False, default=new_signing_secret)
 
     def __str__(self) -> str:
         return f"{self.cluster} → {self.url}"

@@ -11,6 +11,7 @@ from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from apps.alerts.models import Alert, WebhookDelivery, WebhookEndpoint
 from apps.alerts.services import WEBHOOK_SWEEP_AGE_S, alerts_sync, webhooks_sweep
@@ -27,11 +28,15 @@ class Receiver:
     def __init__(self) -> None:
         self.attempts: dict[str, int] = defaultdict(int)
         self.accepted: dict[str, list[dict]] = defaultdict(list)
+        self.raw: dict[str, list[tuple[bytes, dict[str, str]]]] = defaultdict(list)
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.loads(raw)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                receiver.raw[self.path].append((raw, headers))
                 receiver.attempts[self.path] += 1
                 ok = receiver.attempts[self.path] > 1
                 if ok:
@@ -77,6 +82,16 @@ def test_an_opened_alert_reaches_each_webhook_once_after_a_failed_attempt(live_s
     assert receiver.attempts == {"/generic": 2, "/slack": 2}
     [generic] = receiver.accepted["/generic"]
     assert generic["event"] == "opened" and generic["cluster"] == cluster.name
+    # Signed by the Standard Webhooks scheme with the endpoint's own secret: the receiver's
+    # check passes, one with another endpoint's secret fails; a retry keeps its webhook-id
+    secret = WebhookEndpoint.objects.get(url=f"{receiver.url}/generic").signing_secret
+    other = WebhookEndpoint.objects.get(url=f"{receiver.url}/slack").signing_secret
+    assert secret.startswith("whsec_") and secret != other
+    (first, first_headers), (raw, headers) = receiver.raw["/generic"]
+    assert Webhook(secret).verify(raw, headers) == generic
+    with pytest.raises(WebhookVerificationError):
+        Webhook(other).verify(raw, headers)
+    assert first_headers["webhook-id"] == headers["webhook-id"]
     assert generic["alert"]["kind"] == "xid" and generic["alert"]["state"] == "firing"
     assert generic["alert"]["node"] == "node-05" and generic["alert"]["gpu"] == 3
     [slack] = receiver.accepted["/slack"]

@@ -14,6 +14,7 @@ import orjson
 from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
+from standardwebhooks.webhooks import Webhook
 
 from apps.alerts.choices import WebhookFormat
 from apps.alerts.models import Alert, WebhookDelivery, WebhookEndpoint
@@ -128,13 +129,20 @@ def alertmanager_resend(*, limit: int = 1000) -> int:
     return sent
 
 
-def _post(url: str, body: Any) -> None:
-    request = urllib.request.Request(
-        url,
-        data=orjson.dumps(body),
-        headers={"Content-Type": "application/json", "User-Agent": "Opsboard-alerts/1"},
-        method="POST",
-    )
+def _post(url: str, body: Any, secret: str = "", delivery_id: int | None = None) -> None:
+    """POST `body` as JSON, signed with `secret` by the Standard Webhooks scheme (its
+    webhook-id names the delivery, the same on every retry, so a receiver can drop a repeat)."""
+    data = orjson.dumps(body)
+    headers = {"Content-Type": "application/json", "User-Agent": "Opsboard-alerts/1"}
+    if secret:
+        message_id = f"opsboard-delivery-{delivery_id}"
+        now = datetime.now(UTC)
+        headers |= {
+            "webhook-id": message_id,
+            "webhook-timestamp": str(int(now.timestamp())),
+            "webhook-signature": Webhook(secret).sign(message_id, now, data),
+        }
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
     with urllib.request.urlopen(request, timeout=settings.ALERT_WEBHOOK_TIMEOUT_S):
         pass  # urlopen raises HTTPError for any status >= 400
 
@@ -154,7 +162,9 @@ def webhook_deliver(*, delivery_id: int) -> bool:
         return False
     WebhookDelivery.objects.filter(pk=delivery_id).update(attempts=F("attempts") + 1)
     try:
-        _post(delivery.endpoint.url, delivery.payload)
+        _post(
+            delivery.endpoint.url, delivery.payload, delivery.endpoint.signing_secret, delivery_id
+        )
     except (urllib.error.URLError, OSError) as error:
         message = f"HTTP {error.code}" if isinstance(error, urllib.error.HTTPError) else str(error)
         WebhookDelivery.objects.filter(pk=delivery_id).update(last_error=message[:1000])

@@ -54,38 +54,74 @@ class Refused(str):
     """Why a series is refused (its reason is the string): it is told in the response."""
 
 
-def series_map(labels: dict[str, str], metadata: dict[str, str]) -> Mapped | Refused | None:
+@dataclass(frozen=True, slots=True, eq=False)
+class Rules:
+    """The label rules (settings), read once per request. One instance stands for one set
+    of rules (`rules()`), so the mapping caches key on it by identity: a cheap hash."""
+
+    node_labels: tuple[str, ...]
+    dropped: frozenset[str]
+    counter_suffixes: tuple[str, ...]
+
+
+_rules: list[Rules] = []
+
+
+def rules() -> Rules:
+    """The rules the settings give now (the same instance while they stay the same)."""
+    current = (
+        tuple(settings.REMOTE_WRITE_NODE_LABELS),
+        frozenset(settings.REMOTE_WRITE_DROP_LABELS),
+        tuple(settings.REMOTE_WRITE_COUNTER_SUFFIXES),
+    )
+    if (
+        not _rules
+        or (_rules[0].node_labels, _rules[0].dropped, _rules[0].counter_suffixes) != current
+    ):
+        _rules[:] = [Rules(*current)]
+    return _rules[0]
+
+
+def series_map(
+    labels: dict[str, str], metadata: dict[str, str], rules: Rules
+) -> Mapped | Refused | None:
     """The node and plan for a series with `labels`, a Refused reason, or None when the
     series is deliberately not stored (info metrics, `_created`, histogram buckets)."""
     name = labels.get("__name__", "")
+    kind, family = (
+        _family_of(name, metadata.get(name), metadata.get(family_names(name)[1]), rules)
+        if metadata
+        else _family_by_name(name, rules)
+    )
+    # A Prometheus writes the same series every scrape: each is mapped once, then looked up.
+    return _mapped(tuple(labels.items()), kind, family, rules)
+
+
+@lru_cache(maxsize=65536)
+def _mapped(
+    items: tuple[tuple[str, str], ...], kind: str, family_name: str, rules: Rules
+) -> Mapped | Refused | None:
+    labels = dict(items)
+    family = Family(kind, family_name)
+    name = labels.get("__name__", "")
     if not name:
         return Refused("no __name__ label")
-    node_label, node = _node_of(labels)
+    node_label, node = _node_of(labels, rules)
     if not node:
-        wanted = ", ".join(settings.REMOTE_WRITE_NODE_LABELS)
-        return Refused(f"no node label: the series has none of {wanted}")
+        return Refused(f"no node label: the series has none of {', '.join(rules.node_labels)}")
     if len(node) > NAME_MAX_LENGTH or _BAD_NODE.search(node):
         return Refused(
             f"node {node[:64]!r} (label {node_label}): at most {NAME_MAX_LENGTH} characters,"
             " no whitespace, '/' or NUL"
         )
-    dropped = settings.REMOTE_WRITE_DROP_LABELS
-    kept = tuple(
-        sorted(
-            (k, v)
-            for k, v in labels.items()
-            if k != "__name__" and k != node_label and k not in dropped
-        )
-    )
+    kept = {
+        k: v
+        for k, v in labels.items()
+        if k != "__name__" and k != node_label and k not in rules.dropped
+    }
     source = _NOT_IN_SOURCE.sub("_", labels.get("job", "")) or DEFAULT_SOURCE
-    plan = _plan(name, kept, source, _family_of(name, metadata))
+    plan = plan_for(family, name, kept, _target(source))
     return None if plan is None else Mapped(node, plan)
-
-
-@lru_cache(maxsize=65536)
-def _plan(name: str, labels: tuple[tuple[str, str], ...], source: str, family: Family):
-    # A Prometheus writes the same series every scrape: the plan is made once per series.
-    return plan_for(family, name, dict(labels), _target(source))
 
 
 @lru_cache(maxsize=1024)
@@ -93,8 +129,8 @@ def _target(source: str) -> ScrapeTarget:
     return ScrapeTarget(source, "")
 
 
-def _node_of(labels: dict[str, str]) -> tuple[str, str]:
-    for label in settings.REMOTE_WRITE_NODE_LABELS:
+def _node_of(labels: dict[str, str], rules: Rules) -> tuple[str, str]:
+    for label in rules.node_labels:
         value = labels.get(label, "")
         if value:
             if label == "instance" and (match := _PORT.match(value)):
@@ -109,13 +145,19 @@ def family_names(name: str) -> tuple[str, str]:
     return name, next((name[: -len(s)] for s in _FAMILY_SUFFIXES if name.endswith(s)), name)
 
 
-def _family_of(name: str, metadata: dict[str, str]) -> Family:
-    """The family's type from metadata (by the sample name or its family's), else by the
-    name's suffix: a counter when it ends as a counter's samples do."""
-    _, base = family_names(name)
-    for family in (name, base):
-        if family in metadata:
-            return Family(metadata[family], family)
-    if name.endswith(tuple(settings.REMOTE_WRITE_COUNTER_SUFFIXES)):
-        return Family("counter", base)
-    return Family("unknown", name)
+def _family_of(name: str, own: str | None, family: str | None, rules: Rules) -> tuple[str, str]:
+    """The family's (type, name) from metadata (`own` for the sample name, `family` for its
+    family's name), else by the name (_family_by_name)."""
+    if own is not None:
+        return own, name
+    if family is not None:
+        return family, family_names(name)[1]
+    return _family_by_name(name, rules)
+
+
+@lru_cache(maxsize=65536)
+def _family_by_name(name: str, rules: Rules) -> tuple[str, str]:
+    """A counter when the name ends as a counter's samples do, else of unknown type."""
+    if name.endswith(rules.counter_suffixes):
+        return "counter", family_names(name)[1]
+    return "unknown", name
