@@ -5,10 +5,10 @@ Every option has an environment variable (OPSBOARD_SERVER, OPSBOARD_TOKEN_FILE,
 OPSBOARD_NODE, OPSBOARD_SCRAPE (space- or comma-separated), OPSBOARD_SCRAPE_BUCKETS
 (space-separated), OPSBOARD_INTERVAL,
 OPSBOARD_SPOOL_DIR, OPSBOARD_SPOOL_MAX_MB, OPSBOARD_LOG_LEVEL, OPSBOARD_NO_GPU,
-OPSBOARD_SPOOL_JOURNAL, OPSBOARD_METRICS_PORT, OPSBOARD_METRICS_ADDR); a flag wins over its
-variable. The token is read from a file so it never shows in `ps`. SIGTERM/SIGINT stop the
-loop; the buffer is spooled and the sender gets a few seconds to deliver; whatever is left
-stays spooled for the next start.
+OPSBOARD_SPOOL_JOURNAL, OPSBOARD_METRICS_PORT, OPSBOARD_METRICS_ADDR, OPSBOARD_CA_FILE); a
+flag wins over its variable. The token is read from a file so it never shows in `ps`.
+SIGTERM/SIGINT stop the loop; the buffer is spooled and the sender gets a few seconds to
+deliver; whatever is left stays spooled for the next start.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from opsboard_agent import supervise
+from opsboard_agent import __version__, supervise
 from opsboard_agent.agent import Agent
 from opsboard_agent.collectors import Collector
 from opsboard_agent.collectors.gpu import GpuCollector
@@ -61,6 +61,7 @@ def _env_bool(name: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="opsboard-agent", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"opsboard-agent {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run",
@@ -74,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--server",
         default=env("OPSBOARD_SERVER"),
         help="base URL of the Opsboard server, e.g. https://opsboard.example",
+    )
+    run.add_argument(
+        "--ca-file",
+        default=env("OPSBOARD_CA_FILE"),
+        help="CA bundle (PEM) that the server's TLS certificate is verified against, for a "
+        "private CA (default: the system's trust store)",
     )
     run.add_argument(
         "--token-file",
@@ -196,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         if gpu.gpu_model:
             node_info["gpu_model"] = gpu.gpu_model
     node = sanitize_name(args.node)
-    sender = Sender(spool, server=args.server, token=token)
+    sender = Sender(spool, server=args.server, token=token, ca_file=args.ca_file)
     shipper = Shipper(spool=spool, sender=sender, node=node, node_info=node_info).start()
     agent = Agent(collectors, shipper, interval=args.interval)
     metrics_server = None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from opsboard_agent.spool import Entry, Spool
+from opsboard_agent.tls import server_connection
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,10 @@ class Sender:
         backoff_cap: float = 60.0,
         retry_after_cap: float = 600.0,
         rng: Callable[[], float] = random.random,
+        ca_file: str | None = None,
     ) -> None:
         self.spool = spool
+        self.ca_file = ca_file
         self.server = server
         self.token = token
         self.timeout = timeout
@@ -181,8 +184,7 @@ class Sender:
     def _get_connection(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
         if self._connection is None or self._connection_key != (scheme, netloc):
             self._close_connection()
-            cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-            self._connection = cls(netloc, timeout=self.timeout)
+            self._connection = server_connection(scheme, netloc, self.timeout, self.ca_file)
             self._connection_key = (scheme, netloc)
         return self._connection
 
