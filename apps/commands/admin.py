@@ -26,6 +26,7 @@ from apps.clusters.admin import NodeAdmin
 from apps.clusters.models import Node
 from apps.commands.choices import CONFIRMED_KINDS, REASON_MAX_LENGTH, CommandKind, CommandState
 from apps.commands.models import AutoCordonPolicy, ClusterHooks, Command, CommandTransition
+from apps.commands.presets import KUBERNETES, SLURM, hooks_preset
 from apps.commands.services import CommandDenied, CommandInvalid, NodeBusy, command_issue
 from apps.runs.admin import RunAdmin
 from apps.runs.models import Run
@@ -75,16 +76,37 @@ class ClusterHooksAdmin(ClusterScopedAdmin):
     ]  # fmt: skip
     # the state hook's last run, written by apps.commands.services.scheduler_states
     readonly_fields = ["state_checked_at", "state_error"]
+    actions = ["use_slurm", "use_kubernetes"]
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        names = ("cordon_argv", "uncordon_argv", "drain_argv", "state_argv")
-        argv = {name: getattr(obj, name) for name in names}
-        audit_record(
-            action="hooks.configure", outcome="succeeded", actor_user=request.user,
-            cluster=obj.cluster, target=f"cluster:{obj.cluster.name}",
-            detail={**argv, "timeout_s": obj.timeout_s}, request=request,
-        )  # fmt: skip
+        _hooks_audit(request, obj)
+
+    @admin.action(description="Use the ready-made Slurm hooks (scontrol, sinfo)")
+    def use_slurm(self, request, queryset):
+        self._preset(request, queryset, SLURM)
+
+    @admin.action(description="Use the ready-made Kubernetes hooks (kubectl)")
+    def use_kubernetes(self, request, queryset):
+        self._preset(request, queryset, KUBERNETES)
+
+    def _preset(self, request, queryset, scheduler: str) -> None:
+        for hooks in queryset.select_related("cluster"):
+            for field, argv in hooks_preset(scheduler).items():
+                setattr(hooks, field, argv)
+            hooks.save()
+            _hooks_audit(request, hooks)
+        self.message_user(request, f"{queryset.count()} clusters use the {scheduler} hooks")
+
+
+def _hooks_audit(request, hooks: ClusterHooks) -> None:
+    names = ("cordon_argv", "uncordon_argv", "drain_argv", "state_argv")
+    argv = {name: getattr(hooks, name) for name in names}
+    audit_record(
+        action="hooks.configure", outcome="succeeded", actor_user=request.user,
+        cluster=hooks.cluster, target=f"cluster:{hooks.cluster.name}",
+        detail={**argv, "timeout_s": hooks.timeout_s}, request=request,
+    )  # fmt: skip
 
 
 @admin.register(AutoCordonPolicy)

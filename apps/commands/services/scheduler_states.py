@@ -207,7 +207,11 @@ def _outcome_record(hooks: ClusterHooks, result: HookResult, error: str) -> None
 
 
 def _actor_name(argv: list[str]) -> str:
-    return f"scheduler state hook ({os.path.basename(argv[0]) if argv else '-'})"[:150]
+    # the program, past `env NAME=VALUE ...` in front of it (apps.commands.presets)
+    program = next(
+        (a for a in argv if os.path.basename(a) != "env" and "=" not in a), argv[0] if argv else "-"
+    )
+    return f"scheduler state hook ({os.path.basename(program)})"[:150]
 
 
 def _lines_of(output: str, name: str) -> list[str]:

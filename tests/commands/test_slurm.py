@@ -1,0 +1,73 @@
+"""Slurm both ways, against a real Slurm on loopback (tests/commands/slurm.py) with the
+ready-made hooks (apps.commands.presets): a cordon issued in Opsboard drains the node in
+Slurm with its reason and an uncordon resumes it; a node drained by hand with scontrol is
+down in Opsboard within one period of the state poll (the live stack's own beat), and back
+when Slurm resumes it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from apps.audit.models import AuditEntry
+from apps.clusters.models import Node
+from apps.commands.models import ClusterHooks
+from apps.commands.presets import SLURM, hooks_preset
+from launcher.procs import wait_until
+from opsboard.tunables import COMMANDS_STATE_HOOK_INTERVAL
+from tests.commands.conftest import client, issue, settled
+from tests.commands.slurm import NODE, slurm_start
+
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def slurm(tmp_path):
+    yield from slurm_start(tmp_path / "slurm")
+
+
+def state(world) -> tuple[str, str]:
+    node = Node.objects.get(cluster=world.cluster, name=NODE)
+    return node.state, node.down_by
+
+
+def test_cordon_drains_in_slurm_and_slurm_drains_show_in_opsboard(live_stack, world, slurm):
+    ClusterHooks.objects.create(
+        cluster=world.cluster, timeout_s=20, **hooks_preset(SLURM, {"SLURM_CONF": str(slurm.conf)})
+    )
+    with client(live_stack, world.operator_secret) as operator:
+        answer = issue(operator, kind="cordon", node=NODE, reason="flaky NIC")
+        assert answer.status_code == 202, answer.text
+        settled(world.cluster)
+        assert slurm.nodes()[NODE] == ("drained", "opsboard: flaky NIC")
+        assert state(world) == ("cordoned", "")
+        assert AuditEntry.objects.get(
+            action="node.cordon", cluster_id=world.cluster.pk
+        ).outcome == ("succeeded")
+
+        assert issue(operator, kind="uncordon", node=NODE, reason="fixed").status_code == 202
+        settled(world.cluster)
+        # Slurm answers the RESUME at once, then shows the node "idle*" (not responding)
+        # until its next word with slurmd, under a second later
+        wait_until(lambda: slurm.nodes()[NODE] == ("idle", "none"), 10, "the node resumed")
+        assert Node.objects.get(cluster=world.cluster, name=NODE).state == "active"
+
+    # drained by hand in Slurm: down in Opsboard within one period of beat's state poll
+    slurm.command("scontrol", "update", f"NodeName={NODE}", "State=DRAIN", "Reason=bad DIMM")
+    drained_at = time.monotonic()
+    wait_until(
+        lambda: state(world) == ("down", "scheduler"),
+        COMMANDS_STATE_HOOK_INTERVAL + 15,
+        "the scheduler's drain in Opsboard",
+    )
+    assert time.monotonic() - drained_at <= COMMANDS_STATE_HOOK_INTERVAL + 15
+    entry = AuditEntry.objects.filter(action="node.down", cluster_id=world.cluster.pk).get()
+    assert entry.actor_name == "scheduler state hook (sinfo)"
+
+    slurm.command("scontrol", "update", f"NodeName={NODE}", "State=RESUME")
+    wait_until(
+        lambda: state(world) == ("active", ""),
+        COMMANDS_STATE_HOOK_INTERVAL + 15,
+        "the scheduler's resume in Opsboard",
+    )
