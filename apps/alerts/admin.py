@@ -50,7 +50,7 @@ class WebhookEndpointAdmin(ClusterScopedAdmin):
         if not change:
             _secret_show(request, obj)
 
-    @admin.action(description="Make a new signing secret (shown once)")
+    @admin.action(description="Make a new signing secret (shown once)", permissions=["change"])
     def signing_secret_rotate(self, request, queryset) -> None:
         for endpoint in queryset:
             endpoint.signing_secret = new_signing_secret()

@@ -82,11 +82,15 @@ class ClusterHooksAdmin(ClusterScopedAdmin):
         super().save_model(request, obj, form, change)
         _hooks_audit(request, obj)
 
-    @admin.action(description="Use the ready-made Slurm hooks (scontrol, sinfo)")
+    @admin.action(
+        description="Use the ready-made Slurm hooks (scontrol, sinfo)", permissions=["change"]
+    )
     def use_slurm(self, request, queryset):
         self._preset(request, queryset, SLURM)
 
-    @admin.action(description="Use the ready-made Kubernetes hooks (kubectl)")
+    @admin.action(
+        description="Use the ready-made Kubernetes hooks (kubectl)", permissions=["change"]
+    )
     def use_kubernetes(self, request, queryset):
         self._preset(request, queryset, KUBERNETES)
 

@@ -107,30 +107,24 @@ def _redis(now: float) -> Iterator[Metric]:
         yield _gauge("opsboard_redis_up", "Whether the scrape could read Redis", 0)
         return
     yield _gauge("opsboard_redis_up", "Whether the scrape could read Redis", 1)
-    batches = CounterMetricFamily(
-        INGEST_BATCHES.removesuffix("_total"),
+    yield _counter(
+        counters,
+        INGEST_BATCHES,
         "Answers to POST /api/v1/ingest: accepted (202), duplicate (200), refused (any other)",
-        labels=["outcome", "status"],
+        ["outcome", "status"],
     )
-    for labels, value in _series(counters, INGEST_BATCHES):
-        batches.add_metric([dict(labels)["outcome"], dict(labels)["status"]], value)
-    yield batches
-    writes = CounterMetricFamily(
-        REMOTE_WRITE_REQUESTS.removesuffix("_total"),
+    yield _counter(
+        counters,
+        REMOTE_WRITE_REQUESTS,
         "Answers to POST /api/v1/write: accepted (202), nothing new (200), refused (any other)",
-        labels=["outcome", "status"],
+        ["outcome", "status"],
     )
-    for labels, value in _series(counters, REMOTE_WRITE_REQUESTS):
-        writes.add_metric([dict(labels)["outcome"], dict(labels)["status"]], value)
-    yield writes
-    written = CounterMetricFamily(
-        REMOTE_WRITE_SAMPLES.removesuffix("_total"),
+    yield _counter(
+        counters,
+        REMOTE_WRITE_SAMPLES,
         "Remote-written samples: accepted, replayed (accepted before), dropped, refused",
-        labels=["outcome"],
+        ["outcome"],
     )
-    for labels, value in _series(counters, REMOTE_WRITE_SAMPLES):
-        written.add_metric([dict(labels)["outcome"]], value)
-    yield written
     yield _histogram(counters, BATCH_LATENCY, "Seconds from a batch's accept to its storing")
     skipped = CounterMetricFamily(
         "opsboard_periodic_skipped", "Periodic passes that did not run", labels=["task", "reason"]
@@ -146,6 +140,17 @@ def _redis(now: float) -> Iterator[Metric]:
 
 def _series(counters: dict[tuple[str, Labels], float], name: str) -> list[tuple[Labels, float]]:
     return sorted((labels, value) for (each, labels), value in counters.items() if each == name)
+
+
+def _counter(
+    counters: dict[tuple[str, Labels], float], name: str, doc: str, labels: list[str]
+) -> Metric:
+    """The deployment-wide counter `name` (apps.core.counters) as a family with `labels`."""
+    family = CounterMetricFamily(name.removesuffix("_total"), doc, labels=labels)
+    for each, value in _series(counters, name):
+        given = dict(each)
+        family.add_metric([given[label] for label in labels], value)
+    return family
 
 
 def _histogram(counters: dict[tuple[str, Labels], float], name: str, doc: str) -> Metric:

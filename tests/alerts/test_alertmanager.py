@@ -9,8 +9,6 @@ with the apt-get line that installs it."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -26,6 +24,7 @@ from tests.agent.conftest import Request
 from tests.agent.conftest import loopback as loopback  # a fixture, used by name
 from tests.agent.test_real_exporters import start, stop
 from tests.alerts.conftest import finding, xid_finding
+from tests.peers import peer_binaries
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack, pytest.mark.timeout(180)]
 
@@ -43,20 +42,12 @@ receivers:
 """
 
 
-def alertmanager_binary() -> str:
-    found = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-    if found is None:
-        message = f"Alertmanager not installed; install with `{INSTALL}`"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI runs this test against a real Alertmanager, but {message}")
-        pytest.skip(message)
-    return found
-
-
 @pytest.fixture
 def alertmanager(loopback, tmp_path):
     """(Alertmanager's URL, the notifications its webhook receiver got)."""
-    binary = alertmanager_binary()
+    [binary] = peer_binaries(
+        "prometheus-alertmanager", "alertmanager", install=INSTALL, any_of=True
+    )
     loopback.routes["/hook"] = lambda request: (200, {}, b"")
     (tmp_path / "alertmanager.yml").write_text(CONFIG.format(receiver=loopback.url))
     port = free_port()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import shutil
 import socket
 import subprocess
 import time
@@ -19,10 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 from launcher.procs import free_port
 from tests.agent.test_real_exporters import start, stop
+from tests.peers import peer_binaries
 
 INSTALL = "apt-get install slurm-wlm munge"
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "sbatch")
@@ -84,18 +82,9 @@ class Slurm:
         return {n: (s, r) for n, s, r in (line.split("|", 2) for line in out.splitlines())}
 
 
-def binaries() -> None:
-    missing = [b for b in BINARIES if shutil.which(b) is None]
-    if missing:
-        message = f"{', '.join(missing)} not installed; install with `{INSTALL}`"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI runs this test against a real Slurm, but {message}")
-        pytest.skip(message)
-
-
 def slurm_start(folder: Path) -> Iterator[Slurm]:
     """Start munged, slurmctld and slurmd; yield once sinfo shows the node idle; stop all."""
-    binaries()
+    peer_binaries(*BINARIES, install=INSTALL)
     for sub in ("munge", "state", "spool"):
         (folder / sub).mkdir(parents=True)
     key = folder / "munge" / "munge.key"

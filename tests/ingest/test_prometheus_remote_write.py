@@ -10,7 +10,6 @@ with the apt-get line that installs it."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from tests.agent.conftest import FIXTURES, REPO, serve_file
 from tests.agent.conftest import loopback as loopback  # a fixture, used by name
 from tests.agent.test_real_exporters import check_one_value_per_timestamp, start, stop
 from tests.ingest.test_remote_write import stored
+from tests.peers import peer_binaries
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack, pytest.mark.timeout(240)]
 
@@ -70,16 +70,6 @@ remote_write:
 """
 
 
-def prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found is None:
-        message = f"prometheus not installed; install with `{INSTALL}`"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI runs this test against a real Prometheus, but {message}")
-        pytest.skip(message)
-    return found
-
-
 @pytest.fixture
 def captures(loopback, tmp_path):
     """The loopback server serving node_exporter's and dcgm-exporter's captures."""
@@ -106,7 +96,7 @@ def prometheus_query(url: str, query: str) -> list[dict]:
 def test_a_real_prometheus_writes_both_exporters_onto_their_node(
     live_stack, agent_token, captures, tmp_path
 ):
-    binary = prometheus_binary()
+    [binary] = peer_binaries("prometheus", install=INSTALL)
     token, secret = agent_token
     server, files = captures
     (tmp_path / "token").write_text(secret)
