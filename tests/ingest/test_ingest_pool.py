@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 
 import httpx
 import pytest
 
 from apps.ingest.models import InboxBatch
+from apps.ingest.prompb import write_request_encode
 from launcher.commands import server_commands
 from launcher.procs import free_port, http_ok, wait_until
 from tests.conftest import make_batch, stack_env
@@ -80,3 +82,20 @@ def test_it_serves_nothing_but_the_ingest_endpoint_and_healthz(ingest_pool):
     assert client.get("/metrics", headers=pod).status_code == 401  # the scrape token, not theirs
     scrape = {**pod, "Authorization": "Bearer test-scrape-token"}  # tests/conftest.stack_env
     assert "opsboard_inbox_backlog_batches" in client.get("/metrics", headers=scrape).text
+
+
+def test_it_takes_a_prometheus_remote_write(ingest_pool, agent_token):
+    client, auth = ingest_pool
+    now = int(time.time() * 1000)
+    body = write_request_encode([({"__name__": "up", "instance": "gpu-1:9100"}, [(now, 1.0)])])
+    headers = {**auth, "Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"}
+    response = client.post("/api/v1/write", content=body, headers=headers)
+    assert response.status_code == 202, response.text
+    assert response.json()["accepted"]["samples"] == 1
+    assert client.post("/api/v1/write", content=b"nonsense", headers=headers).status_code == 400
+    token = agent_token[0]
+    wait_until(
+        lambda: InboxBatch.objects.filter(token=token, processed_at__isnull=False).exists(),
+        30,
+        "the remote-written batch stored",
+    )
