@@ -213,6 +213,10 @@ def test_the_proc_scan_finds_a_live_process_and_not_a_dead_one():
     marker = f"opsboard-scan-test-{uuid.uuid4().hex}"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
     try:
+        # until the child has exec'd, /proc shows it with its parent's command line
+        deadline = time.monotonic() + 10
+        while _with_marker(marker) != [sleeper.pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert _with_marker(marker) == [sleeper.pid] and _alive(sleeper.pid)
     finally:
         sleeper.kill()
