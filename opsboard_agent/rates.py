@@ -17,16 +17,25 @@ def counter_rates(
     A counter that went down (a reset: driver reload, NIC re-created, 32-bit wrap the source
     did not hide) gives no rate for this interval rather than a negative or huge one; so does
     a non-positive interval. The next interval, measured from the new value, is fine again."""
-    elapsed = ts - previous_ts
-    if elapsed <= 0:
+    if ts <= previous_ts:
         return {}
     rates: dict[K, float] = {}
     for key, value in current.items():
         before = previous.get(key)
-        if before is None or value < before:
-            continue
-        rates[key] = (value - before) / elapsed
+        if (
+            before is not None
+            and (rate := counter_rate(previous_ts, before, ts, value)) is not None
+        ):
+            rates[key] = rate
     return rates
+
+
+def counter_rate(before_ts: float, before: float, ts: float, value: float) -> float | None:
+    """One counter's rate from its reading `before` at `before_ts` to `value` at `ts`, or
+    None over a reset (the value went down) or a non-positive interval (counter_rates)."""
+    if ts <= before_ts or value < before:
+        return None
+    return (value - before) / (ts - before_ts)
 
 
 class RateTracker:

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from apps.clusters.models import AgentToken
-from apps.core.bounds import CODE_MAX, CODE_MIN, COUNT_MAX, FLOAT_ABS_MAX
+from apps.core.bounds import CODE_MAX, CODE_MIN, FLOAT_ABS_MAX
 from apps.ingest.prompb import WriteRequest
 from apps.ingest.schemas import FUTURE_LIMIT_S, PAST_LIMIT_S, BatchRejected, TooManyRecords
 from apps.ingest.services import batch_accept
@@ -38,7 +38,10 @@ from apps.ingest.services.remote_series import (
 )
 from apps.ingest.validation import batch_validate
 from opsboard_agent.collectors import dcgm
+from opsboard_agent.collectors.events import ecc_event, last_xid_event
 from opsboard_agent.collectors.series import RATE, XID
+from opsboard_agent.rates import counter_rate
+from opsboard_agent.records import sample
 
 EXAMPLES_MAX = 20  # refused series named in an answer; the rest are counted
 FAMILY_MAX_LENGTH = 1024
@@ -239,43 +242,35 @@ def _nodes_built(
 
 
 def _sample_emit(entry: _Series, ts: float, value: float, last, batch: _NodeBatch, outcome):
-    """Append the sample (or the rate, or the event) a value makes; whether it was kept."""
+    """Append the sample (or the rate, or the event) a value makes, by the agent's own rules
+    (opsboard_agent.rates, .collectors.events); whether it was kept."""
     plan = entry.mapped.plan
     if plan.dcgm and dcgm.is_blank(value):
         outcome.dropped += 1
         return False
     before = None if last is None else last[1]
     if plan.kind is XID:
-        changed = value != 0 and value != before and plan.gpu is not None
-        if changed and CODE_MIN <= value <= CODE_MAX:
-            batch.events.append({"ts": ts, "kind": "xid", "gpu": plan.gpu, "code": int(value)})
+        if plan.gpu is not None and CODE_MIN <= value <= CODE_MAX:
+            _append(batch.events, last_xid_event(ts, plan.gpu, before, value))
         return True
     if plan.kind is RATE:
-        if last is not None and value >= last[1] and ts > last[0]:
-            rate = (value - last[1]) / (ts - last[0])
-            if abs(rate) <= FLOAT_ABS_MAX:
-                batch.samples.append(_sample(ts, plan.metric, rate, plan.gpu))
+        rate = None if last is None else counter_rate(last[0], last[1], ts, value)
+        if rate is not None and rate <= FLOAT_ABS_MAX:  # never negative
+            _append(batch.samples, sample(ts, plan.metric, rate, plan.gpu))
         return True
     stored = value * plan.factor
     if abs(stored) > FLOAT_ABS_MAX:
         outcome.refuse(entry.labels, f"value {value!r} beyond ±{FLOAT_ABS_MAX:g}", 1)
         return False
-    batch.samples.append(_sample(ts, plan.metric, stored, plan.gpu))
+    _append(batch.samples, sample(ts, plan.metric, stored, plan.gpu))
     if plan.ecc and plan.gpu is not None:
-        new = value if before is None or value < before else value - before
-        if new > 0:
-            count = min(int(new), COUNT_MAX)
-            batch.events.append(
-                {"ts": ts, "kind": "ecc", "gpu": plan.gpu, "count": count, "type": plan.ecc}
-            )
+        _append(batch.events, ecc_event(ts, plan.gpu, before, value, plan.ecc))
     return True
 
 
-def _sample(ts: float, metric: str, value: float, gpu: int | None) -> dict[str, Any]:
-    record: dict[str, Any] = {"ts": ts, "metric": metric, "value": value}
-    if gpu is not None:
-        record["gpu"] = gpu
-    return record
+def _append(records: list, record: dict | None) -> None:
+    if record is not None:
+        records.append(record)
 
 
 def _batches_accept(token, digest: str, nodes: dict[str, _NodeBatch], outcome) -> None:
