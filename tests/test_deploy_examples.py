@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from opsboard_agent.cli import build_parser
+from tests.peers import peer_binaries
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMD = REPO / "deploy" / "systemd"
@@ -24,17 +23,8 @@ KUBERNETES_VERSION = "1.30.0"
 SERVER_UNITS = {"web", "ingest", "asgi", "worker", "periodic", "beat", "publisher"}
 
 
-def systemd_analyze() -> str:
-    found = shutil.which("systemd-analyze")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI checks the units with systemd-analyze, which is not installed")
-        pytest.skip("systemd-analyze not installed (Debian's systemd package)")
-    return found
-
-
 def test_the_systemd_units_verify(tmp_path):
-    binary = systemd_analyze()
+    [binary] = peer_binaries("systemd-analyze", install="apt-get install systemd")
     venv = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv"))
     units = sorted(SYSTEMD.iterdir())
     for unit in units:

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.db.models import F
+from django.urls import reverse
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
@@ -85,7 +86,7 @@ def alertmanager_alert(*, cluster: str, alert: Mapping[str, Any]) -> dict[str, A
     for name in ("node", "run", "rank", "gpu"):
         if alert[name] is not None:
             labels[name] = str(alert[name])
-    url = f"{settings.OPSBOARD_URL.rstrip('/')}/alerts/{alert['id']}/"
+    url = settings.OPSBOARD_URL.rstrip("/") + reverse("alert-detail", args=[alert["id"]])
     body: dict[str, Any] = {
         "labels": labels,
         "annotations": {"summary": alert["summary"], "opsboard_url": url, "runbook_url": url},

@@ -64,22 +64,20 @@ class Rules:
     counter_suffixes: tuple[str, ...]
 
 
-_rules: list[Rules] = []
-
-
 def rules() -> Rules:
     """The rules the settings give now (the same instance while they stay the same)."""
-    current = (
+    return _rules_of(
         tuple(settings.REMOTE_WRITE_NODE_LABELS),
         frozenset(settings.REMOTE_WRITE_DROP_LABELS),
         tuple(settings.REMOTE_WRITE_COUNTER_SUFFIXES),
     )
-    if (
-        not _rules
-        or (_rules[0].node_labels, _rules[0].dropped, _rules[0].counter_suffixes) != current
-    ):
-        _rules[:] = [Rules(*current)]
-    return _rules[0]
+
+
+@lru_cache(maxsize=8)
+def _rules_of(
+    node_labels: tuple[str, ...], dropped: frozenset[str], suffixes: tuple[str, ...]
+) -> Rules:
+    return Rules(node_labels, dropped, suffixes)
 
 
 def series_map(
