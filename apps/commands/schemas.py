@@ -50,6 +50,10 @@ class CommandsOut(Schema):
     commands: list[CommandOut]
 
 
+# Names looked up, not stored: a NUL would still reach Postgres in the WHERE clause, which
+# refuses it (query strings are screened by apps.core.middleware; JSON bodies are not).
+LookupName = bounds.text(NAME_MAX_LENGTH)
+ClusterName = bounds.text(CLUSTER_MAX_LENGTH)
 CheckpointPath = bounds.text(bounds.PATH_MAX_LENGTH, min_length=1)
 StepNumber = bounds.integer(0, bounds.STEP_MAX)
 RankNumber = bounds.integer(0, bounds.RANK_MAX)
@@ -70,13 +74,11 @@ class CommandArgs(Schema):
 
 class CommandIn(Schema):
     kind: Kind
-    run: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
-    node: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
+    run: LookupName | None = None
+    node: LookupName | None = None
     args: CommandArgs = Field(default_factory=CommandArgs)
     reason: str = Field(default="", max_length=REASON_MAX_LENGTH, pattern=r"^[^\x00-\x1f]*$")
-    cluster: str | None = Field(
-        default=None, max_length=CLUSTER_MAX_LENGTH, description="needed when names repeat"
-    )
+    cluster: ClusterName | None = Field(default=None, description="needed when names repeat")
 
 
 class CommandsQuery(Schema):

@@ -50,7 +50,11 @@ def test_arguments_are_bounded_like_ingest_fields_and_refused_naming_the_field(l
         nul = issue(operator, kind="resume", run="run-1", args={"checkpoint": "/ckpt\x00"})
         unknown = issue(operator, kind="resume", run="run-1", args={"shell": "rm -rf /"})
         bad_node = issue(operator, kind="resume", run="run-1", args={"nodes": [".."]})
-    for answer, loc in ((nul, "checkpoint"), (unknown, "shell"), (bad_node, "nodes")):
+        nul_cluster = issue(operator, kind="checkpoint", run="run-1", cluster="a\x00b")
+        nul_run = issue(operator, kind="checkpoint", run="run\x00-1")
+    named = ((nul, "checkpoint"), (unknown, "shell"), (bad_node, "nodes"))
+    named += ((nul_cluster, "cluster"), (nul_run, "run"))
+    for answer, loc in named:
         assert answer.status_code == 400, answer.text
         assert loc in answer.json()["errors"][0]["loc"], answer.text
     assert not Command.objects.exists()
