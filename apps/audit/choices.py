@@ -7,6 +7,7 @@ class ActorKind(models.TextChoices):
     POLICY = "policy"
     AGENT = "agent"  # a node agent, by its cluster's agent token (named: id and name)
     SYSTEM = "system"  # the server's own passes (the expiry sweep)
+    SCHEDULER = "scheduler"  # the cluster's scheduler, read by its state hook
 
 
 class Outcome(models.TextChoices):

@@ -67,6 +67,10 @@ class Node(models.Model):
     down_by = models.CharField(
         max_length=16, choices=NodeDownBy.choices, blank=True, default="", db_default=""
     )
+    # The scheduler's reason for a node it reports down, in its words (Slurm's `%E`, such as
+    # "bad DIMM [root@2026-12-05T10:00:00]"): shown on the overview and in the resume plan;
+    # set and cleared with down_by = scheduler (apps.commands.services.scheduler_states).
+    down_reason = models.TextField(blank=True, default="", db_default="")
     # Set by apps.commands.services (cordon, drain); cleared by uncordon.
     cordon_reason = models.TextField(blank=True, default="", db_default="")
     cordoned_at = models.DateTimeField(null=True, blank=True)

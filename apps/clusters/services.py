@@ -139,14 +139,14 @@ def nodes_touch(
         return {(cluster_id, name): node_id for cluster_id, name, node_id in cursor.fetchall()}
 
 
-def node_mark_down(*, node_id: int, by: str = NodeDownBy.HEARTBEAT) -> bool:
+def node_mark_down(*, node_id: int, by: str = NodeDownBy.HEARTBEAT, reason: str = "") -> bool:
     """An `active` node becomes `down`, out of run plans. `by` says who said so, and so what
     brings it back: the heartbeat (it went silent: back when it reports again, nodes_touch)
     or the scheduler (its state hook: back when the scheduler says it is up, node_mark_up).
     A cordoned or draining node keeps its state: a person's decision stands. The heartbeat
     takes over a node the scheduler marked down (the node's own silence is the stronger
     word: the scheduler saying it is up does not bring back a node nobody hears from).
-    True when this call changed the node."""
+    `reason` is the scheduler's (kept as down_reason). True when this call changed the node."""
     nodes = Node.objects.filter(pk=node_id)
     if by == NodeDownBy.HEARTBEAT:
         nodes = nodes.filter(
@@ -154,13 +154,13 @@ def node_mark_down(*, node_id: int, by: str = NodeDownBy.HEARTBEAT) -> bool:
         )
     else:
         nodes = nodes.filter(state=NodeState.ACTIVE)
-    return bool(nodes.update(state=NodeState.DOWN, down_by=by))
+    return bool(nodes.update(state=NodeState.DOWN, down_by=by, down_reason=reason))
 
 
 def node_mark_up(*, node_id: int, by: str) -> bool:
     """A node that `by` marked down is `active` again (one marked down by the other source
     stays down). True when this call changed the node."""
     moved = Node.objects.filter(pk=node_id, state=NodeState.DOWN, down_by=by).update(
-        state=NodeState.ACTIVE, down_by=""
+        state=NodeState.ACTIVE, down_by="", down_reason=""
     )
     return bool(moved)

@@ -106,8 +106,8 @@ class ClusterHooks(models.Model):
 
     Each is an argv list (run without a shell) whose items may contain {node} and {reason};
     an empty list runs nothing. `state_argv` goes the other way: the scheduler's word on its
-    nodes, one "NODE STATE" line each (such as `sinfo -h -N -o "%N %T"`), read periodically
-    (apps.commands.services.scheduler_states); it takes no placeholders."""
+    nodes, one "NODE STATE [REASON]" line each (such as `sinfo -h -N -o "%N %T %E"`), read
+    periodically (apps.commands.services.scheduler_states); it takes no placeholders."""
 
     cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="hooks")
     cordon_argv = models.JSONField(default=list, blank=True)
@@ -116,8 +116,9 @@ class ClusterHooks(models.Model):
     state_argv = models.JSONField(
         default=list,
         blank=True,
-        help_text='prints one "NODE STATE" line per node, e.g. ["sinfo", "-h", "-N", "-o", '
-        '"%N %T"]; a node the scheduler reports down, failed or not responding is marked down',
+        help_text='prints one "NODE STATE [REASON]" line per node, e.g. ["sinfo", "-h", "-N", '
+        '"-o", "%N %T %E"]; a node the scheduler reports down, failed or not responding is '
+        "marked down, with the reason",
     )
     timeout_s = models.FloatField(default=30.0)
     # The state hook's last run (apps.commands.services.scheduler_states): when, and why it

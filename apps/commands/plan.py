@@ -156,15 +156,16 @@ def run_plan(*, run: Run) -> dict[str, Any]:
             Node.objects.filter(cluster_id=run.cluster_id)
             .filter(Exists(served))
             .order_by("name")
-            .values_list("name", "state", "down_by", "cordon_reason")
+            .values_list("name", "state", "down_by", "down_reason", "cordon_reason")
         )
-        for name, state, down_by, cordon_reason in rows:
+        for name, state, down_by, down_reason, cordon_reason in rows:
             if state == NodeState.ACTIVE:
                 nodes.append(name)
             else:
                 why = _NOT_ACTIVE.get(down_by if state == NodeState.DOWN else state, state)
-                if cordon_reason and state != NodeState.DOWN:
-                    why += f": {cordon_reason}"
+                reason = down_reason if state == NodeState.DOWN else cordon_reason
+                if reason:
+                    why += f": {reason}"
                 nodes_skipped.append({"node": name, "state": state, "why": why})
     return {
         "run": run.name,

@@ -2,8 +2,9 @@
 
 Slurm: cordon and drain set the node DRAIN with Opsboard's reason (running jobs finish, no
 new ones start; Opsboard's drain has already checkpointed and stopped the job), uncordon
-RESUMEs it; the state hook is `sinfo -h -N -o "%N %T"`, whose drained, down or
-not-responding nodes Opsboard marks down (apps.commands.services.scheduler_states).
+RESUMEs it; the state hook is `sinfo -h -N -o "%N %T %E"`, whose drained, down or
+not-responding nodes Opsboard marks down with Slurm's reason (`%E`, last: it may hold
+spaces) (apps.commands.services.scheduler_states).
 Kubernetes: `kubectl cordon / uncordon / drain`; no state hook (`kubectl get nodes` prints
 more than "NODE STATE"; a node's NotReady reaches Opsboard through its missing heartbeat).
 
@@ -27,7 +28,7 @@ PRESETS: dict[str, dict[str, list[str]]] = {
             "scontrol", "update", "NodeName={node}", "State=DRAIN", "Reason=opsboard: {reason}"
         ],
         "uncordon_argv": ["scontrol", "update", "NodeName={node}", "State=RESUME"],
-        "state_argv": ["sinfo", "-h", "-N", "-o", "%N %T"],
+        "state_argv": ["sinfo", "-h", "-N", "-o", "%N %T %E"],
     },
     KUBERNETES: {
         "cordon_argv": ["kubectl", "cordon", "{node}"],

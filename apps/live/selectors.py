@@ -11,6 +11,7 @@ from django.contrib.auth import (
 )
 from django.utils.crypto import constant_time_compare
 
+from apps.clusters.choices import NodeState
 from apps.clusters.models import Cluster, Node
 from apps.telemetry.models import HOST_GPU, NodeHealth
 
@@ -30,7 +31,12 @@ def node_health_list(
         nodes = nodes.filter(cluster_id=cluster_id)
     if node_ids is not None:
         nodes = nodes.filter(id__in=node_ids)
-    nodes = list(nodes.only("id", "cluster_id", "name", "state", "last_seen", "info"))
+    nodes = list(
+        nodes.only(
+            "id", "cluster_id", "name", "state", "down_by", "down_reason", "cordon_reason",
+            "last_seen", "info",
+        )
+    )  # fmt: skip
     health: dict[int, dict[str, Any]] = {node.id: {} for node in nodes}
     for row in NodeHealth.objects.filter(node_id__in=health.keys()).order_by("gpu"):
         key = "host" if row.gpu == HOST_GPU else str(row.gpu)
@@ -41,12 +47,22 @@ def node_health_list(
             "cluster_id": node.cluster_id,
             "node": node.name,
             "state": node.state,
+            "down_by": node.down_by,
+            "reason": node_state_reason(node),
             "last_seen": node.last_seen.timestamp() if node.last_seen else None,
             "gpus": node.info.get("gpus"),
             "health": health[node.id],
         }
         for node in nodes
     ]
+
+
+def node_state_reason(node: Node) -> str:
+    """Why the node is out of run plans, in its owner's words: the scheduler's reason for a
+    node it reports down, the operator's for a cordoned or draining one; "" otherwise."""
+    if node.state == NodeState.DOWN:
+        return node.down_reason
+    return node.cordon_reason if node.state != NodeState.ACTIVE else ""
 
 
 def session_user(*, session_key: str | None) -> Any:

@@ -119,7 +119,14 @@
   function follow(event) {
     if (!nodeState || scope !== "node") return;
     const node = event.detail.nodes.find((n) => n.node === name);
-    if (node) { nodeState.dataset.state = node.state; nodeState.textContent = node.state; }
+    if (!node) return;
+    nodeState.dataset.state = node.state; nodeState.textContent = node.state;
+    const reason = document.getElementById("node-reason");
+    if (reason) {
+      reason.hidden = !node.reason;
+      reason.firstChild.textContent = node.down_by === "scheduler" ? "Down in the scheduler: " : "Out of run plans: ";
+      reason.querySelector("span").textContent = node.reason || "";
+    }
   }
   document.addEventListener("opsboard:snapshot", follow);
   document.addEventListener("opsboard:delta", follow);

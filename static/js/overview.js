@@ -94,7 +94,7 @@
     const element = card(node);
     if (!element) return;
     element.dataset.nodeState = node.state;
-    badge(element, node.state);
+    badge(element, node);
     const box = element.classList.contains("tiles") ? element : element.querySelector(".tiles");
     tiles(node).forEach((tile) => {
       let a = box.children[tile.gpu];
@@ -104,13 +104,19 @@
     });
   }
 
-  // Cordoned and draining nodes are out of run plans: a badge on the card says which.
-  function badge(element, state) {
+  // Cordoned, draining and scheduler-drained nodes are out of run plans: a badge on the card
+  // says which, and the reason (the operator's, or the scheduler's own words) goes under it.
+  function badge(element, node) {
     if (!element.classList.contains("node-card")) return;
     let mark = element.querySelector(".node-badge");
     if (!mark) { mark = document.createElement("span"); mark.className = "node-badge"; element.querySelector(".node-name").after(mark); }
-    mark.dataset.nodeState = state; mark.textContent = state;
-    mark.hidden = state !== "cordoned" && state !== "draining";
+    const byScheduler = node.down_by === "scheduler";
+    mark.dataset.nodeState = node.state; mark.dataset.downBy = node.down_by || "";
+    mark.textContent = byScheduler ? "down in the scheduler" : node.state;
+    mark.hidden = node.state !== "cordoned" && node.state !== "draining" && !byScheduler;
+    let reason = element.querySelector(".node-reason");
+    if (!reason) { reason = document.createElement("p"); reason.className = "node-reason"; element.querySelector(".tiles").after(reason); }
+    reason.textContent = node.reason || ""; reason.title = node.reason || ""; reason.hidden = !node.reason;
   }
 
   function counts() {
@@ -118,6 +124,7 @@
     const states = [...nodes.values()].map((n) => n.state);
     document.getElementById("count-cordoned").textContent = states.filter((s) => s === "cordoned").length;
     document.getElementById("count-draining").textContent = states.filter((s) => s === "draining").length;
+    document.getElementById("count-scheduler-down").textContent = [...nodes.values()].filter((n) => n.down_by === "scheduler").length;
     document.getElementById("count-gpus").textContent = grid.querySelectorAll(".tile").length;
     document.getElementById("count-healthy").textContent = grid.querySelectorAll('.tile[data-state="ok"]').length;
     document.getElementById("count-firing").textContent = [...alerts.values()].filter((a) => a.state === "firing").length;

@@ -156,6 +156,11 @@ def test_drain_wants_the_name_and_the_overview_shows_it_live(chromium, live_stac
     badge = '.node-card[data-node="node-02"] .node-badge[data-node-state="cordoned"]'
     overview.wait_for_selector(badge, state="visible", timeout=5_000)
     assert overview.locator("#count-cordoned").inner_text() == "1"
+    # the reason goes with the badge, live, on the card and on the node's page
+    reason = overview.locator('.node-card[data-node="node-02"] .node-reason')
+    assert (reason.inner_text(), reason.is_visible()) == ("fan noise", True)
+    page.wait_for_selector("#node-reason:visible", timeout=5_000)
+    assert page.locator("#node-reason").inner_text() == "Out of run plans: fan noise"
     screenshot(overview, "commands-overview")
     overview.reload()
     assert overview.locator("#nodes-out").inner_text().startswith("1 cordoned · 1 draining")

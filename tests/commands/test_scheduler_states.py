@@ -69,11 +69,35 @@ def test_it_maps_scheduler_states_to_down():
     for state in ("idle", "allocated", "mixed", "completing", "idle~", "maint$", "Ready"):
         assert not scheduler_state_is_down(state), state
     parsed = scheduler_states_parse("n1 idle\n\nn2 down*\nn1 drained\nn3 mixed\n")
-    assert parsed == {"n1": True, "n2": True, "n3": False}  # n1 down in one partition
+    assert {name: report.down for name, report in parsed.items()} == {
+        "n1": True, "n2": True, "n3": False  # n1 down in one partition
+    }  # fmt: skip
+
+
+def test_it_reads_the_schedulers_reason_from_the_rest_of_the_line():
+    """`sinfo -h -N -o "%N %T %E"`: the reason is last and may hold spaces; Slurm says
+    "none" for no reason; control characters cannot reach a page."""
+    parsed = scheduler_states_parse(
+        "n1 idle none\n"
+        "n2 drained bad DIMM [root@2026-12-05T10:00:00]\n"
+        "n3 down* Not responding\n"
+        "n2 drained bad DIMM [root@2026-12-05T10:00:00]\n"  # its second partition
+        "n4 mixed  \n"
+        "n5 drained tab\there\x1b[31m\n"
+    )
+    reasons = {name: (report.down, report.reason) for name, report in parsed.items()}
+    assert reasons == {
+        "n1": (False, ""),
+        "n2": (True, "bad DIMM [root@2026-12-05T10:00:00]"),
+        "n3": (True, "Not responding"),
+        "n4": (False, ""),
+        "n5": (True, "tab here [31m"),
+    }
+    assert len(scheduler_states_parse("n1 drained " + "x" * 5000)["n1"].reason) == 512
 
 
 def test_it_refuses_output_that_is_not_node_state_lines():
-    for output in ("n1\n", "n1 idle extra\n", "-x idle\n", "n1 idle;rm\n", "../n idle\n"):
+    for output in ("n1\n", "-x idle\n", "n1 idle;rm\n", "../n idle\n", "n1 idle;rm why\n"):
         try:
             scheduler_states_parse(output)
         except ValueError as error:
@@ -83,7 +107,7 @@ def test_it_refuses_output_that_is_not_node_state_lines():
 
 
 def test_the_worker_marks_an_active_node_down_and_the_plan_leaves_it(live_stack, world, tmp_path):
-    scheduler(world, tmp_path, "node-01 down*\nnode-02 idle\nnode-99 down\n")
+    scheduler(world, tmp_path, "node-01 down* Not responding\nnode-02 idle none\nnode-99 down\n")
     # beat's task, on the worker: it sends the cluster's poll, which the worker runs
     task_enqueue("commands.scheduler_states_poll_all")
     deadline = time.monotonic() + 60
@@ -93,16 +117,21 @@ def test_the_worker_marks_an_active_node_down_and_the_plan_leaves_it(live_stack,
     assert states(world) == {"node-01": ("down", "scheduler"), "node-02": ("active", "")}
     entry = AuditEntry.objects.get(action="node.down", cluster_id=world.cluster.pk)
     assert (entry.actor_kind, entry.outcome, entry.target) == (
-        "system",
+        "scheduler",
         "succeeded",
         "node:node-01",
     )
     assert entry.actor_name == "scheduler state hook (sinfo)"
-    assert entry.detail["lines"] == ["node-01 down*"]
+    assert entry.reason == "the scheduler reports it down: Not responding"
+    assert entry.detail["lines"] == ["node-01 down* Not responding"]
     plan = run_plan(run=world.run)
     assert plan["nodes"] == ["node-02"]
     assert plan["nodes_skipped"] == [
-        {"node": "node-01", "state": "down", "why": "down: the scheduler reports it down"}
+        {
+            "node": "node-01",
+            "state": "down",
+            "why": "down: the scheduler reports it down: Not responding",
+        }
     ]
     with client(live_stack, world.operator_secret) as operator:  # the API's plan says the same
         body = operator.get(f"/api/v1/runs/run-1/plan?cluster={world.cluster.name}").json()
@@ -127,7 +156,7 @@ def test_a_failing_or_unparseable_hook_changes_nothing_and_is_audited_once(world
     (tmp_path / "states.code").write_text("3")
     for _ in range(2):
         assert poll(world) == {"error": "exited with 3"}
-    states_file.write_text("node-01 down because\n")
+    states_file.write_text("node-01\n")
     (tmp_path / "states.code").write_text("0")
     assert "unparseable output: line 1" in poll(world)["error"]
     assert states(world) == {"node-01": ("active", ""), "node-02": ("active", "")}
@@ -161,6 +190,29 @@ def test_a_hook_past_its_timeout_is_killed_with_its_group_and_changes_nothing(wo
     assert states(world) == {"node-01": ("active", ""), "node-02": ("active", "")}
 
 
+def reasons(world) -> dict[str, str]:
+    return dict(Node.objects.filter(cluster=world.cluster).values_list("name", "down_reason"))
+
+
+def test_the_reason_follows_the_scheduler_and_goes_with_its_word(world, tmp_path):
+    states_file = scheduler(world, tmp_path, "node-01 drained bad DIMM\nnode-02 idle none\n")
+    assert poll(world) == {"down": ["node-01"], "up": []}
+    assert reasons(world) == {"node-01": "bad DIMM", "node-02": ""}
+    states_file.write_text("node-01 drained bad DIMM, RMA 1234\n")  # edited in the scheduler
+    assert poll(world) == {"down": [], "up": []}
+    assert reasons(world)["node-01"] == "bad DIMM, RMA 1234"
+    downs = AuditEntry.objects.filter(action="node.down", cluster_id=world.cluster.pk)
+    assert downs.count() == 1  # the state did not change
+    node_mark_down(node_id=world.node1.pk)  # silent too: the heartbeat takes it over
+    assert states(world)["node-01"] == ("down", "heartbeat") and reasons(world)["node-01"] == ""
+    nodes_touch(seen={(world.cluster.pk, "node-01"): (timezone.now(), None)})
+    states_file.write_text("node-01 drained bad DIMM\n")
+    poll(world)
+    states_file.write_text("node-01 idle none\n")
+    assert poll(world) == {"down": [], "up": ["node-01"]}
+    assert states(world)["node-01"] == ("active", "") and reasons(world)["node-01"] == ""
+
+
 def test_a_node_comes_back_when_whoever_marked_it_down_says_so(world, tmp_path):
     states_file = scheduler(world, tmp_path, "node-01 down\nnode-02 idle\n")
     assert poll(world) == {"down": ["node-01"], "up": []}
@@ -174,7 +226,7 @@ def test_a_node_comes_back_when_whoever_marked_it_down_says_so(world, tmp_path):
     assert poll(world) == {"down": [], "up": ["node-01"]}
     assert states(world) == {"node-01": ("active", ""), "node-02": ("down", "heartbeat")}
     up = AuditEntry.objects.get(action="node.up", cluster_id=world.cluster.pk)
-    assert (up.actor_kind, up.target) == ("system", "node:node-01")
+    assert (up.actor_kind, up.target) == ("scheduler", "node:node-01")
     nodes_touch(seen={(world.cluster.pk, "node-02"): (now, None)})  # node-02 reports
     assert states(world) == {"node-01": ("active", ""), "node-02": ("active", "")}
     # a heartbeat alert on a node the scheduler marked down takes it over: the scheduler

@@ -1,18 +1,20 @@
 """Slurm both ways, against a real Slurm on loopback (tests/commands/slurm.py) with the
 ready-made hooks (apps.commands.presets): a cordon issued in Opsboard drains the node in
 Slurm with its reason and an uncordon resumes it; a node drained by hand with scontrol is
-down in Opsboard within one period of the state poll (the live stack's own beat), and back
-when Slurm resumes it."""
+down in Opsboard within one period of the state poll (the live stack's own beat), with
+Slurm's reason on the overview and in the resume plan, and back when Slurm resumes it."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+from django.test import Client
 
 from apps.audit.models import AuditEntry
 from apps.clusters.models import Node
 from apps.commands.models import ClusterHooks
+from apps.commands.plan import run_plan
 from apps.commands.presets import SLURM, hooks_preset
 from launcher.procs import wait_until
 from opsboard.tunables import COMMANDS_STATE_HOOK_INTERVAL
@@ -63,7 +65,19 @@ def test_cordon_drains_in_slurm_and_slurm_drains_show_in_opsboard(live_stack, wo
     )
     assert time.monotonic() - drained_at <= COMMANDS_STATE_HOOK_INTERVAL + 15
     entry = AuditEntry.objects.filter(action="node.down", cluster_id=world.cluster.pk).get()
-    assert entry.actor_name == "scheduler state hook (sinfo)"
+    assert (entry.actor_kind, entry.actor_name) == ("scheduler", "scheduler state hook (sinfo)")
+    assert entry.reason == "the scheduler reports it down: bad DIMM"
+    # the scheduler's reason (sinfo's %E) on the overview's card and in the resume plan
+    assert Node.objects.get(cluster=world.cluster, name=NODE).down_reason == "bad DIMM"
+    page = Client()
+    page.force_login(world.operator)
+    overview = page.get(f"/clusters/{world.cluster.name}/").content.decode()
+    assert '<span id="count-scheduler-down">1</span>' in overview
+    assert '<p class="node-reason" title="bad DIMM">bad DIMM</p>' in overview
+    skipped = run_plan(run=world.run)["nodes_skipped"]
+    assert [(s["node"], s["why"]) for s in skipped] == [
+        (NODE, "down: the scheduler reports it down: bad DIMM")
+    ]
 
     slurm.command("scontrol", "update", f"NodeName={NODE}", "State=RESUME")
     wait_until(

@@ -1,7 +1,7 @@
 """The scheduler's word on its nodes: each cluster's state hook (`ClusterHooks.state_argv`,
-such as `sinfo -h -N -o "%N %T"`) prints one "NODE STATE" line per node; a node the
-scheduler reports down becomes `down` (by the scheduler), and back `active` when it reports
-it up again (docs/actions.md, "The scheduler's node states").
+such as `sinfo -h -N -o "%N %T %E"`) prints one "NODE STATE [REASON]" line per node; a node
+the scheduler reports down becomes `down` (by the scheduler, with its reason), and back
+`active` when it reports it up again (docs/actions.md, "The scheduler's node states").
 
 Run by the beat task `commands.scheduler_states_poll_all`, which sends one
 `commands.scheduler_states_poll` (cluster id) per cluster with a state hook, on the periodic
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
@@ -54,29 +55,51 @@ NOT_RESPONDING = "*"
 _STATE = re.compile(r"^[A-Za-z_][A-Za-z0-9_+]*[*~#$@!%^-]*$")
 _NODE = re.compile(NODE_NAME_PATTERN)
 MAX_LINES = 100_000
+# The reason as stored and shown: control characters become spaces; Slurm's word for "no
+# reason" is "none".
+REASON_MAX_LENGTH = 512
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+NO_REASON = frozenset({"", "none", "(null)"})
 
 
 class StatesUnparseable(ValueError):
-    """The hook's output is not "NODE STATE" lines: nothing is changed."""
+    """The hook's output is not "NODE STATE [REASON]" lines: nothing is changed."""
 
 
-def scheduler_states_parse(output: str) -> dict[str, bool]:
-    """Node name → whether the scheduler reports it down, from "NODE STATE" lines (blank
-    lines ignored). A node listed more than once (sinfo -N lists it per partition) is down
-    if any line says so. Raises StatesUnparseable naming the first bad line."""
-    down: dict[str, bool] = {}
+@dataclass(frozen=True)
+class SchedulerReport:
+    """What the scheduler says of one node: down or not, and why (its words, or "")."""
+
+    down: bool
+    reason: str = ""
+
+
+def scheduler_states_parse(output: str) -> dict[str, SchedulerReport]:
+    """Node name → the scheduler's report, from "NODE STATE [REASON]" lines (blank lines
+    ignored; the reason is the rest of the line). A node listed more than once (sinfo -N
+    lists it per partition) is down if any line says so, for the first reason given.
+    Raises StatesUnparseable naming the first bad line."""
+    reports: dict[str, SchedulerReport] = {}
     lines = output.splitlines()
     if len(lines) > MAX_LINES:
         raise StatesUnparseable(f"{len(lines)} lines, more than {MAX_LINES}")
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        fields = line.split()
-        if len(fields) != 2 or not _NODE.match(fields[0]) or not _STATE.match(fields[1]):
+        fields = line.split(None, 2)
+        if len(fields) < 2 or not _NODE.match(fields[0]) or not _STATE.match(fields[1]):
             raise StatesUnparseable(f'line {number} is not "NODE STATE": {line[:200]!r}')
-        name, state = fields
-        down[name] = down.get(name, False) or scheduler_state_is_down(state)
-    return down
+        name, state = fields[:2]
+        reason = _reason(fields[2] if len(fields) == 3 else "")
+        earlier = reports.get(name, SchedulerReport(down=False))
+        down = earlier.down or scheduler_state_is_down(state)
+        reports[name] = SchedulerReport(down=down, reason=earlier.reason or reason)
+    return reports
+
+
+def _reason(text: str) -> str:
+    text = _CONTROL.sub(" ", text).strip()
+    return "" if text.lower() in NO_REASON else text[:REASON_MAX_LENGTH]
 
 
 def scheduler_state_is_down(state: str) -> bool:
@@ -133,7 +156,7 @@ def _poll(hooks: ClusterHooks) -> dict[str, Any]:
         argv = []
         result = HookResult(argv=argv, exit_code=None, error="state_argv is not a JSON list")
     error = result.error or ("" if result.ok else f"exited with {result.exit_code}")
-    reported: dict[str, bool] = {}
+    reported: dict[str, SchedulerReport] = {}
     if not error:
         try:
             reported = scheduler_states_parse(result.stdout)
@@ -147,13 +170,19 @@ def _poll(hooks: ClusterHooks) -> dict[str, Any]:
     for node in nodes.select_related("cluster"):
         if node.state != before.get(node.name):
             continue
-        move = _node_apply(node=node, down=reported[node.name], argv=argv, result=result)
+        move = _node_apply(node=node, report=reported[node.name], argv=argv, result=result)
         if move:
             changed[move].append(node.name)
     return changed
 
 
-def _node_apply(*, node: Node, down: bool, argv: list[str], result: HookResult) -> str | None:
+def _node_apply(
+    *, node: Node, report: SchedulerReport, argv: list[str], result: HookResult
+) -> str | None:
+    down, by_scheduler = report.down, node.down_by == NodeDownBy.SCHEDULER
+    if down and node.state == NodeState.DOWN and by_scheduler:
+        _reason_update(node, report.reason)
+        return None
     if down and node.state != NodeState.ACTIVE:
         return None
     if not down and not (node.state == NodeState.DOWN and node.down_by == NodeDownBy.SCHEDULER):
@@ -164,24 +193,41 @@ def _node_apply(*, node: Node, down: bool, argv: list[str], result: HookResult) 
             if not cursor.fetchone()[0]:
                 return None  # a cordon, uncordon or drain of it is being carried out
         if down:
-            moved = node_mark_down(node_id=node.pk, by=NodeDownBy.SCHEDULER)
+            moved = node_mark_down(node_id=node.pk, by=NodeDownBy.SCHEDULER, reason=report.reason)
         else:
             moved = node_mark_up(node_id=node.pk, by=NodeDownBy.SCHEDULER)
         if not moved:
             return None
+        said = "the scheduler reports it " + ("down" if down else "up")
         audit_record(
             action="node.down" if down else "node.up",
             outcome=Outcome.SUCCEEDED,
-            actor_kind=ActorKind.SYSTEM,
+            actor_kind=ActorKind.SCHEDULER,
             actor_name=_actor_name(argv),
             cluster=node.cluster,
             target=f"node:{node.name}",
-            reason="the scheduler reports it " + ("down" if down else "up"),
+            reason=f"{said}: {report.reason}" if down and report.reason else said,
             detail={"hook": argv, "lines": _lines_of(result.stdout, node.name)},
         )
-        key = {(node.cluster_id, node.pk)}
-        transaction.on_commit(lambda: live_mark_dirty(nodes=key), robust=True)
+        _live_refresh(node)
     return "down" if down else "up"
+
+
+def _reason_update(node: Node, reason: str) -> None:
+    """A node the scheduler keeps down under a new reason (a person edited it in Slurm):
+    the reason shown follows; the node's state is unchanged, so nothing is audited."""
+    if reason == node.down_reason:
+        return
+    changed = Node.objects.filter(
+        pk=node.pk, state=NodeState.DOWN, down_by=NodeDownBy.SCHEDULER
+    ).update(down_reason=reason)
+    if changed:
+        _live_refresh(node)
+
+
+def _live_refresh(node: Node) -> None:
+    key = {(node.cluster_id, node.pk)}
+    transaction.on_commit(lambda: live_mark_dirty(nodes=key), robust=True)
 
 
 def _outcome_record(hooks: ClusterHooks, result: HookResult, error: str) -> None:

@@ -68,6 +68,7 @@ def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
     context = {
         "cluster": found,
         "node": node_found,
+        "node_reason": health["reason"],
         "health": health,
         "tiles": tiled["tiles"],
         "gpus_not_shown": tiled["gpus_not_shown"],

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET
 from apps.access.selectors import clusters_visible
 from apps.alerts.choices import AlertState
 from apps.alerts.selectors import alert_json, detector_pass_status
-from apps.clusters.choices import NodeState
+from apps.clusters.choices import NodeDownBy, NodeState
 from apps.core.db_router import replica_reads
 from apps.dashboard.selectors.alerts import OVERVIEW_ALERTS, open_alerts
 from apps.dashboard.selectors.health import HEALTH_RULES, TILE_STATES
@@ -60,6 +60,8 @@ def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
         # out of run plans: a cordoned node, and a draining one (its drain not yet over)
         "cordoned": sum(node["state"] == NodeState.CORDONED for node in nodes),
         "draining": sum(node["state"] == NodeState.DRAINING for node in nodes),
+        # drained, down or not responding in the scheduler (its state hook), with its reason
+        "scheduler_down": sum(node["down_by"] == NodeDownBy.SCHEDULER for node in nodes),
         "newest_alert_rows": alert_rows[:OVERVIEW_ALERTS],
         "tile_states": TILE_STATES,
         "page_data": {
