@@ -318,7 +318,8 @@ def page_timings(table: Table, *, reps: int, skip: list[str], only: list[str], e
         for url in urls:
             status = client.get(url).status_code
             times, response = timed(lambda u=url: client.get(u), reps)
-            table.add(url if status == 200 else f"{url} [HTTP {status}]", "", times)
+            size = f"{len(response.content) / 1024:,.0f} KiB"  # the body: bounded too
+            table.add(f"{url} [{size}]" if status == 200 else f"{url} [HTTP {status}]", "", times)
     finally:
         time.time = real_time
 

@@ -98,7 +98,9 @@
     const asked = query(range);
     panel.dataset.loading = "true";
     try {
-      const response = await fetch(`${panel.dataset.url}.json?${asked}`, { credentials: "same-origin" });
+      // a panel's own query (the heat-map's drill-down into a group, heatmap.js) goes along
+      const own = panel.dataset.query ? `&${panel.dataset.query}` : "";
+      const response = await fetch(`${panel.dataset.url}.json?${asked}${own}`, { credentials: "same-origin" });
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
       const body = await response.json();
       if (query(range) !== asked) return;  // the range changed meanwhile
@@ -148,6 +150,7 @@
   // A panel without an embedded figure (the heat-map: ~1 MB at 1,024 ranks) is fetched from
   // its endpoint now, as a range change would, showing its loading state until drawn.
   panels.forEach((panel) => {
+    panel.addEventListener("opsboard:reload", () => load(panel));  // its own query changed
     const embedded = panel.dataset.figure && document.getElementById(panel.dataset.figure);
     if (!embedded) { load(panel); return; }
     figures.set(panel, JSON.parse(embedded.textContent));

@@ -22,6 +22,8 @@ class RunContext:
     step_histories: dict[tuple[float, float], dict[str, Any]] = field(default_factory=dict)
     # checksum agreement per range, read once for the chart and the page's table
     checks: dict[tuple[float, float], list[dict[str, Any]]] = field(default_factory=dict)
+    # the heat-map drilled into one group of a frontier run: its first and last node by name
+    rank_group: tuple[str, str] | None = None
 
     def span(self, tr: TimeRange) -> tuple[float, float]:
         return run_span(run=self.run, tr=tr, began=self.began)

@@ -11,7 +11,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from apps.commands.pages import run_commands_context
+from apps.core.bounds import NAME_MAX_LENGTH
 from apps.core.db_router import replica_reads
+from apps.core.errors import error_response
 from apps.dashboard.charts.base import drawn_or_said_empty
 from apps.dashboard.charts.ranks import rank_stage_figures
 from apps.dashboard.charts.run import (
@@ -35,6 +37,8 @@ from apps.dashboard.views.common import (
     range_config,
 )
 from apps.runs.selectors import run_rank_places, run_summary
+
+RUN_NODES_SHOWN = 32
 
 
 @login_required
@@ -62,6 +66,9 @@ def run_detail(request: HttpRequest, cluster: str, run: str) -> HttpResponse:
         "cluster": found,
         "run": run_found,
         "summary": summary,
+        # a frontier run's thousands of nodes are no list to read: the first ones, a count
+        "nodes_shown": summary["nodes"][:RUN_NODES_SHOWN],
+        "nodes_more": max(0, len(summary["nodes"]) - RUN_NODES_SHOWN),
         "panels": chart_panels(
             RUN_CHARTS, figures, "run-chart-json", {"cluster": cluster, "run": run}, tr
         ),
@@ -94,9 +101,25 @@ def run_chart(request: HttpRequest, cluster: str, run: str, chart: str, fmt: str
     tr = chart_range(request, began=began)
     if isinstance(tr, HttpResponse):
         return tr
-    ctx = RunContext(run=run_found, began=began)
+    group = _rank_group(request)
+    if isinstance(group, HttpResponse):
+        return group
+    ctx = RunContext(run=run_found, began=began, rank_group=group)
     figure = drawn_or_said_empty(chart, RUN_CHARTS[chart], ctx, tr)
     return chart_response(figure, tr, chart, fmt)
+
+
+def _rank_group(request: HttpRequest) -> tuple[str, str] | HttpResponse | None:
+    """The heat-map's drill-down (?node_from=&node_to=: a group's first and last node by
+    name, as its meta.groups gives them; both empty: the ranks of no known node)."""
+    if "node_from" not in request.GET and "node_to" not in request.GET:
+        return None
+    first, last = request.GET.get("node_from", ""), request.GET.get("node_to", "")
+    if len(first) > NAME_MAX_LENGTH or len(last) > NAME_MAX_LENGTH or last < first:
+        loc = "node_to" if last < first else "node_from"
+        msg = f"node names of at most {NAME_MAX_LENGTH} characters, node_from ≤ node_to"
+        return error_response(400, [{"loc": loc, "msg": msg}])
+    return first, last
 
 
 # Ranges of the rank page: it reads raw step reports (every rank's, for the peers' median),
