@@ -36,14 +36,15 @@ CROSS JOIN unnest(%(nodes)s::int4[]) n(id) CROSS JOIN generate_series(0, 7) g
 CROSS JOIN (SELECT array_agg(i * 1000 ORDER BY i) AS offs FROM generate_series(0, 599) i) o
 JOIN bench_pattern p ON p.pattern = (n.id * 8 + g + w / 600) %% 16
 """
-# One report per rank per second; rank SLOW_RANK is 35 % slower, the others wait for it.
+# One report per rank per second, naming its GPU (as the reporter does: LOCAL_RANK); rank
+# SLOW_RANK is 35 % slower, the others wait for it.
 _STEPS_SQL = """
 INSERT INTO runs_stepreport (run_id, node_id, ts, rank, step, step_time, data_time, h2d_time,
-                             compute_time, comm_wait, tokens, loss)
+                             compute_time, comm_wait, tokens, loss, gpu)
 SELECT %(run)s, (%(nodes)s::int8[])[r / 8 + 1], to_timestamp(s), r, s - %(first)s, st, 0.05,
        0.01, CASE WHEN r = %(slow)s THEN st - 0.06 ELSE 0.6 END,
        CASE WHEN r = %(slow)s THEN 0.0 ELSE st - 0.66 END, 4096,
-       2.0 + 8.0 / (10 + (s - %(first)s) / 600.0)
+       2.0 + 8.0 / (10 + (s - %(first)s) / 600.0), r %% 8
 FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) s
 CROSS JOIN generate_series(0, %(ranks)s - 1) r
 CROSS JOIN LATERAL (SELECT 1.35 + 0.02 * sin(s / 60.0) AS st) x

@@ -208,16 +208,31 @@ def event_row(event: RunEvent, names: dict[int, str]) -> EventRow:
 # Where each rank ran: read over this many of the run's last steps, so that a rank that
 # stopped reporting a while ago (the one that hangs) is still placed.
 PLACE_STEPS = 100
+PLACE_NEAR_STEPS = 2
 
 
 def run_rank_places(*, run: Run) -> dict[int, tuple[str, int | None]]:
     """rank → (node name, GPU index or None) from each rank's newest report in the run's
     last PLACE_STEPS steps (a report that named its GPU wins over a newer one that did not).
-    One query on the (run_id, step) index."""
+    First over the last PLACE_NEAR_STEPS steps: a rank placed there with its GPU is placed
+    for good (its newest GPU-naming report is there). Only the other ranks (silent lately, or
+    not naming a GPU) are read over PLACE_STEPS: at 16,384 ranks that is 1.6 M reports,
+    ≈ 0.7 s, against 33 k when every rank reports. Two queries on the (run_id, step) index."""
     if run.last_step is None:
         return {}
+    near = _places(run, after=run.last_step - PLACE_NEAR_STEPS, ranks=None)
+    unsettled = [rank for rank in range(run.world_size) if near.get(rank, ("", None))[1] is None]
+    if not unsettled and run.world_size:
+        return near
+    # every rank is below world_size (its highest rank + 1): these are all that may change
+    some = unsettled if 0 < len(unsettled) < run.world_size else None  # None: every rank
+    wide = _places(run, after=run.last_step - PLACE_STEPS, ranks=some)
+    return {**near, **wide}
+
+
+def _places(run: Run, *, after: int, ranks: list[int] | None) -> dict[int, tuple[str, int | None]]:
     with connections[read_alias()].cursor() as cursor:
-        cursor.execute(_RANK_PLACES_SQL, {"run": run.id, "after": run.last_step - PLACE_STEPS})
+        cursor.execute(_RANK_PLACES_SQL, {"run": run.id, "after": after, "ranks": ranks})
         return {rank: (node, gpu) for rank, node, gpu in cursor.fetchall()}
 
 
@@ -232,7 +247,9 @@ _RANK_PLACES_SQL = """
 WITH best_step AS MATERIALIZED (
     SELECT rank, coalesce(max(step) FILTER (WHERE gpu IS NOT NULL), max(step)) AS step,
            bool_or(gpu IS NOT NULL) AS named
-    FROM runs_stepreport WHERE run_id = %(run)s AND step > %(after)s GROUP BY rank
+    FROM runs_stepreport WHERE run_id = %(run)s AND step > %(after)s
+      AND (%(ranks)s::int4[] IS NULL OR rank = ANY(%(ranks)s::int4[]))
+    GROUP BY rank
 )
 SELECT p.rank, n.name, p.best[2] FROM (
     SELECT s.rank, max(ARRAY[s.node_id, s.gpu]::int8[]) AS best

@@ -31,7 +31,8 @@ def run_with(name: str, nodes: list[Node], *spans: tuple) -> Run:
         for step in steps
     )  # fmt: skip
     run.last_step = max(step for *_, steps in spans for step in steps)
-    run.save(update_fields=["last_step"])
+    run.world_size = max(rank for rank, *_ in spans) + 1  # as ingest keeps it
+    run.save(update_fields=["last_step", "world_size"])
     return run
 
 
@@ -48,9 +49,24 @@ def test_a_rank_is_placed_by_its_newest_report_naming_a_gpu_in_the_last_steps(
         (3, 2, 4, range(0, window - 10)),  # silent for the whole window: not placed
         (4, 2, None, range(window, window + 5)),  # hung early in the window, never named a GPU
     )  # fmt: skip
-    with django_assert_num_queries(1):
+    with django_assert_num_queries(2):  # the last steps, then the window for ranks 0, 1, 3, 4
         places = run_rank_places(run=run)
     assert places == {0: ("n0", 3), 1: ("n1", None), 2: ("n2", 2), 4: ("n2", None)}
+
+
+def test_ranks_naming_their_gpu_in_the_last_steps_are_placed_by_them_alone(
+    nodes, django_assert_num_queries
+):
+    """The common case, and the frontier's (16,384 ranks: 33 k reports read, not 1.6 M):
+    every rank reported lately and named its GPU; an older place does not matter."""
+    last = 2 * PLACE_STEPS
+    run = run_with(
+        "r", nodes,
+        (0, 0, 3, range(0, last - 5)), (0, 1, 6, range(last - 5, last + 1)),
+        (1, 2, 1, range(last - 1, last + 1)),
+    )  # fmt: skip
+    with django_assert_num_queries(1):
+        assert run_rank_places(run=run) == {0: ("n1", 6), 1: ("n2", 1)}
 
 
 def test_a_run_without_steps_has_no_places(nodes, django_assert_num_queries):
