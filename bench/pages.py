@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -37,7 +38,14 @@ sys.path.insert(0, str(ROOT))
 import bench.common as common  # noqa: E402
 import bench.pages_seed as pages_seed  # noqa: E402
 from bench.common import percentile, prepare_database  # noqa: E402
-from bench.pages_seed import CLUSTER, RUN, rollups_build, seed  # noqa: E402
+from bench.pages_seed import (  # noqa: E402
+    CLUSTER,
+    FLEET,
+    FLEET_BLOCK,
+    RUN,
+    rollups_build,
+    seed,
+)
 
 common.BENCH_DB = f"{common.BENCH_DB}_pages"  # its own scratch database: others drop theirs
 
@@ -53,6 +61,9 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=72.0, help="history to seed (72)")
     parser.add_argument(
         "--ranks", type=int, default=pages_seed.RANKS, help="ranks to seed, 8 a node (256)"
+    )
+    parser.add_argument(
+        "--fleet", type=int, default=4096, help="nodes of the fleet cluster's overview (4096)"
     )
     parser.add_argument("--reps", type=int, default=7, help="repetitions per timing (7)")
     parser.add_argument("--page-reps", type=int, default=3, help="repetitions per URL (3)")
@@ -91,6 +102,10 @@ def main() -> None:
     if args.reuse:
         ids, start, end = seeded()
         args.hours = (end - start) / 3600
+        from apps.clusters.models import Cluster
+
+        if not Cluster.objects.filter(name=FLEET).exists():  # seeded before the fleet was
+            pages_seed.fleet_seed(nodes=args.fleet)
         if args.rollups:
             rollups_build(conninfo=common.conninfo(os.environ["DATABASE_URL"]), start=start,
                           end=end, fresh=True)  # fmt: skip
@@ -99,6 +114,7 @@ def main() -> None:
         start = end - round(args.hours * 3600 / WINDOW) * WINDOW
         ids = seed(conninfo=conninfo, start=start, end=end)
         rollups_build(conninfo=conninfo, start=start, end=end)
+        pages_seed.fleet_seed(nodes=args.fleet)
     ending = time.strftime("%H:%M", time.gmtime(end))
     print(f"{pages_seed.RANKS:,} ranks, {args.hours:g} h of history ending {ending} UTC")
 
@@ -277,6 +293,8 @@ def page_urls() -> list[str]:
     """Every page and chart-data URL of the dashboard (charts read from its registries)."""
     pages = ["/", "/alerts/", f"/clusters/{CLUSTER}/", f"/clusters/{CLUSTER}/runs/{RUN}/"]
     pages.append(f"/clusters/{CLUSTER}/nodes/node-00/")
+    # the fleet's overview (blocks of nodes) and one block's cards
+    pages += [f"/clusters/{FLEET}/", f"/clusters/{FLEET}/?block={quote(FLEET_BLOCK)}"]
     try:
         from apps.dashboard.charts import NODE_CHARTS, RUN_CHARTS
     except ImportError:  # the dashboard app is not there yet: selectors only
@@ -309,7 +327,8 @@ def page_timings(table: Table, *, reps: int, skip: list[str], only: list[str], e
 
     user, _ = get_user_model().objects.get_or_create(username="bench", is_staff=True)
     # pages show only the clusters the user holds a role in (404 otherwise): a viewer's view
-    role_grant(user=user, cluster=Cluster.objects.get(name=CLUSTER), role="viewer")
+    for cluster in Cluster.objects.filter(name__in=[CLUSTER, pages_seed.FLEET]):
+        role_grant(user=user, cluster=cluster, role="viewer")
     client = Client()
     client.force_login(user)
     real_time, offset = time.time, time.time() - end

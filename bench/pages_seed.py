@@ -159,3 +159,32 @@ def rollups_build(*, conninfo: str, start: float, end: float, fresh: bool = Fals
                 f"SELECT count(*), pg_total_relation_size('{table}') FROM {table}"
             ).fetchone()
             print(f"  {table:<20} {rows:>12,} rows {size / 2**20:>9,.0f} MiB", flush=True)
+
+
+FLEET = "fleet"
+FLEET_BLOCK = "rack r00"
+# The fleet's latest health: 8 GPUs and the host per node; half the nodes say their rack.
+_FLEET_HEALTH_SQL = """
+INSERT INTO telemetry_nodehealth (node_id, gpu, ts, values)
+SELECT n.id, g, now(), jsonb_build_object('gpu.util', 90.0, 'gpu.temp_c', 55 + (n.id + g) %% 20)
+FROM unnest(%(nodes)s::int8[]) n(id) CROSS JOIN generate_series(-1, 7) g
+"""
+
+
+def fleet_seed(*, nodes: int) -> None:
+    """A second cluster, FLEET, of `nodes` nodes × 8 GPUs with their latest health (the
+    overview of a fleet: issue 27's 4,096 nodes); the first half in racks of 32."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from apps.clusters.models import Cluster, Node
+
+    cluster = Cluster.objects.create(name=FLEET)
+    created = Node.objects.bulk_create(
+        Node(cluster=cluster, name=f"node-{i:04d}", last_seen=timezone.now(),
+             info={"gpus": GPUS, **({"rack": f"r{i // 32:02d}"} if i < nodes // 2 else {})})
+        for i in range(nodes)
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(_FLEET_HEALTH_SQL, {"nodes": [node.id for node in created]})
+    print(f"seeded a fleet of {nodes:,} nodes", flush=True)

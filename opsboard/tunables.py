@@ -197,5 +197,11 @@ LIVE_WS_PORT = env("LIVE_WS_PORT")
 LIVE_PUBLISH_INTERVAL = envfloat("LIVE_PUBLISH_INTERVAL", 0.1)
 # A node is sent at most once per this many seconds; its later changes wait and coalesce.
 LIVE_NODE_INTERVAL = envfloat("LIVE_NODE_INTERVAL", 1.0)
+# The overview of a fleet (apps.dashboard.selectors.blocks): past this many nodes it shows
+# blocks of nodes, not a card per node: by this node_info field (a rack, a row) where agents
+# send it (`opsboard-agent run --info rack=r12`), else this many nodes consecutive by name.
+OVERVIEW_NODE_CARDS = envint("OVERVIEW_NODE_CARDS", 256)
+OVERVIEW_BLOCK_FIELD = env("OVERVIEW_BLOCK_FIELD", "rack")
+OVERVIEW_BLOCK_NODES = envint("OVERVIEW_BLOCK_NODES", 32)
 # An open websocket re-checks its login (logout, expiry, deactivation) this often at most.
 LIVE_SESSION_CHECK_S = envfloat("LIVE_SESSION_CHECK_S", 3.0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -52,6 +53,21 @@ oldest dropped first). Default: %(spool)s
 example:
   opsboard-agent run --server https://opsboard.example --token-file /etc/opsboard/token
 """
+
+
+# node_info's extra fields, as the server bounds them (apps.core.bounds EXTRA_KEY_PATTERN)
+_INFO_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
+_INFO_RESERVED = frozenset({"gpus", "gpu_model", "cpus", "mem_bytes"})
+
+
+def _info_item(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not _INFO_KEY.match(key) or key in _INFO_RESERVED or len(value) > 1024:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: KEY=VALUE, KEY a letter then letters, digits, '_', '.' or '-' (not "
+            f"{', '.join(sorted(_INFO_RESERVED))}), VALUE up to 1024 characters"
+        )
+    return key, value.replace("\x00", "")
 
 
 def _env_bool(name: str) -> bool:
@@ -91,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--node",
         default=env("OPSBOARD_NODE") or socket.gethostname(),
         help="this node's name (default: the host name)",
+    )
+    run.add_argument(
+        "--info",
+        action="append",
+        metavar="KEY=VALUE",
+        type=_info_item,
+        default=[_info_item(item) for item in (env("OPSBOARD_INFO") or "").split()],
+        help="a field of this node's node_info (repeatable), such as rack=r12: the overview "
+        "of a large fleet groups nodes into blocks by it (OVERVIEW_BLOCK_FIELD)",
     )
     run.add_argument(
         "--scrape",
@@ -198,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": psutil.cpu_count() or 0,
         "mem_bytes": psutil.virtual_memory().total,
     }
+    node_info.update(dict(args.info))
     if gpu is not None and gpu.available:
         node_info["gpus"] = gpu.gpu_count
         if gpu.gpu_model:

@@ -132,7 +132,12 @@
 
   function renderAll() { nodes.forEach(render); counts(); filterGrid(); }
 
-  function apply(list) { list.forEach((node) => { nodes.set(node.node, node); render(node); }); counts(); filterGrid(); }
+  // a block's page (?block=) follows its own nodes only, not the cluster's others
+  const only = page.only_shown ? new Set(page.nodes.map((node) => node.node)) : null;
+  function apply(list) {
+    list.forEach((node) => { if (!only || only.has(node.node)) { nodes.set(node.node, node); render(node); } });
+    counts(); filterGrid();
+  }
 
   // --- finding nodes: a text box (node or run name) and state chips; the grid is one tab
   // stop (a roving tabindex over the shown cards' names: arrows, Home, End) -------------

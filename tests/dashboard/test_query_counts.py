@@ -25,7 +25,9 @@ def xid_alerts(cluster, nodes: int) -> None:
 
 # Pinned: a change here is a change in how the page reads (session and user included).
 PAGES = {
-    "overview": ("/clusters/{c}/", 10),  # + ended runs, the detectors' last pass, runs per node
+    # + ended runs, the detectors' last pass, runs per node; the nodes with their health in
+    # one query (two before the fleet overview of issue 27)
+    "overview": ("/clusters/{c}/", 9),
     # + its commands, the plan (4: its newest checkpoints' events, the reports around the
     # newest, raw and a chunk probe, to see that the ranks agree on it; its nodes); a chunk
     # probe each for the run's first report and the checksum table (step reports older than
@@ -34,7 +36,7 @@ PAGES = {
     "run": ("/clusters/{c}/runs/" + RUN + "/", 24),
     # + its commands, its runs and ranks, and (for an operator) its state once its node
     # commands still issued are carried out (the buttons it offers)
-    "node": ("/clusters/{c}/nodes/node-00/", 21),
+    "node": ("/clusters/{c}/nodes/node-00/", 20),
     "alerts": ("/alerts/?cluster={c}", 5),
 }
 

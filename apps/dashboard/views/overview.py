@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET
 
@@ -15,6 +16,7 @@ from apps.alerts.selectors import alert_json, detector_pass_status
 from apps.clusters.choices import NodeDownBy, NodeState
 from apps.core.db_router import replica_reads
 from apps.dashboard.selectors.alerts import OVERVIEW_ALERTS, open_alerts
+from apps.dashboard.selectors.blocks import BLOCK_KEY_MAX_LENGTH, block_rows, node_blocks
 from apps.dashboard.selectors.health import HEALTH_RULES, TILE_STATES
 from apps.dashboard.selectors.runs import ended_runs, running_runs
 from apps.dashboard.views.common import cluster_or_404, live_config, tile_config, with_tiles
@@ -36,6 +38,8 @@ def home(request: HttpRequest) -> HttpResponse:
 @require_GET
 @replica_reads
 def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
+    """Node cards; past OVERVIEW_NODE_CARDS nodes, blocks of nodes (selectors.blocks), and
+    ?block=<key> the cards of one block."""
     found = cluster_or_404(request, cluster)
     now = time.time()
     nodes = node_health_list(cluster_id=found.id)
@@ -48,14 +52,34 @@ def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
         for node in nodes
     ]
     tiles = [tile for row in rows for tile in row["tiles"]]
+    block_key = request.GET.get("block")
+    blocks = None
+    if block_key is not None:
+        shown = block_rows(rows, block_key[:BLOCK_KEY_MAX_LENGTH])
+        if shown is None:
+            raise Http404("no such block")
+    elif len(rows) > settings.OVERVIEW_NODE_CARDS:
+        shown, blocks = [], node_blocks(rows)
+    else:
+        shown = rows
+    shown_ids = {row["id"] for row in shown}
+    # a block's page counts its own nodes (its live counts can only count those)
+    if block_key is not None:
+        nodes = [node for node in nodes if node["id"] in shown_ids]
+        tiles = [tile for row in shown for tile in row["tiles"]]
     context = {
         "cluster": found,
-        "nodes": rows,
+        "nodes": shown,
+        "blocks": blocks,
+        "block_field": settings.OVERVIEW_BLOCK_FIELD,
+        "block_nodes": settings.OVERVIEW_BLOCK_NODES,
+        "block": block_key,
         "runs": running,
         "ended_runs": ended_runs(cluster=found, now=now),
         "detectors": detector_pass_status(cluster=found, now=now),
         "healthy_gpus": sum(tile["state"] == "ok" for tile in tiles),
         "total_gpus": len(tiles),
+        "node_count": len(nodes),
         "firing": sum(a["state"] == AlertState.FIRING for a in open_alerts_json),
         # out of run plans: a cordoned node, and a draining one (its drain not yet over)
         "cordoned": sum(node["state"] == NodeState.CORDONED for node in nodes),
@@ -65,12 +89,15 @@ def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
         "newest_alert_rows": alert_rows[:OVERVIEW_ALERTS],
         "tile_states": TILE_STATES,
         "page_data": {
-            "nodes": nodes,
-            "node_runs": {row["node"]: row["runs"] for row in rows if row["runs"]},
+            # the cards' nodes only: a fleet's blocks page carries no node (4,096 nodes'
+            # health would be megabytes); it reloads its blocks (blocks.js)
+            "nodes": [node for node in nodes if node["id"] in shown_ids],
+            "node_runs": {row["node"]: row["runs"] for row in shown if row["runs"]},
             "alerts": open_alerts_json,
             "rules": HEALTH_RULES,
+            "only_shown": block_key is not None,
             **tile_config(found.name),
         },
-        "live": live_config([found.name]),
+        "live": live_config([found.name]) if blocks is None else None,
     }
     return render(request, "dashboard/overview.html", context)
