@@ -43,7 +43,8 @@ def block_rows(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]] | N
     """The nodes of the block named `key`, or None when no block has that name."""
     for block in node_blocks(rows):
         if block["key"] == key:
-            return [row for row in rows if row["node"] in set(block["nodes"])]
+            members = set(block["nodes"])
+            return [row for row in rows if row["node"] in members]
     return None
 
 
