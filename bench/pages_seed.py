@@ -152,13 +152,32 @@ def rollups_build(*, conninfo: str, start: float, end: float, fresh: bool = Fals
         f"rolled up {result.claimed:,} dirty ranges in {time.perf_counter() - began:.0f} s",
         flush=True,
     )
+    completions_build(conninfo=conninfo)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
-        for table in ("telemetry_chunk", "runs_stepreport", *ROLLUP_TABLES):
+        for table in ("telemetry_chunk", "runs_stepreport", *ROLLUP_TABLES, "runs_stepcompletion"):
             rows, size = conn.execute(
                 f"SELECT count(*), pg_total_relation_size('{table}') FROM {table}"
             ).fetchone()
             print(f"  {table:<20} {rows:>12,} rows {size / 2**20:>9,.0f} MiB", flush=True)
+
+
+def completions_build(*, conninfo: str) -> None:
+    """The step completions (apps.runs.completions) of every seeded step, by the production
+    refresh: the seed's COPY marked none, so every run's steps are marked first."""
+    import psycopg
+
+    from apps.runs.completions import completions_refresh
+
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("TRUNCATE runs_stepcompletion, runs_completiondirty")
+        conn.execute(
+            "INSERT INTO runs_completiondirty (run_id, s0, s1)"
+            " SELECT run_id, min(step), max(step) FROM runs_stepreport GROUP BY run_id"
+        )
+    began = time.perf_counter()
+    completions_refresh()
+    print(f"step completions computed in {time.perf_counter() - began:.0f} s", flush=True)
 
 
 FLEET = "fleet"

@@ -36,6 +36,7 @@ CELERY_TASK_ROUTES = {
         "history.partitions_maintain",
         "telemetry.chunks_compact",
         "runs.steps_compact",
+        "runs.completions_refresh",
         "ingest.inbox_sweep",
         "ingest.inbox_prune",
         "runs.events_prune",

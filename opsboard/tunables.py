@@ -116,6 +116,11 @@ STEP_COMPACT_AFTER_S = envfloat("STEP_COMPACT_AFTER_S", 600.0)
 STEP_COMPACT_KEEP_STEPS = envint("STEP_COMPACT_KEEP_STEPS", 200)
 STEP_COMPACT_INTERVAL = envfloat("STEP_COMPACT_INTERVAL", 60.0)
 beat_schedule["steps-compact"] = periodic("runs.steps_compact", STEP_COMPACT_INTERVAL)
+# How often the step completions of newly stored steps are recomputed (apps/runs/completions.py):
+# goodput reads raw reports for the steps stored since, so this bounds a goodput read's cost
+# (at 16,384 ranks and a step a second, ~16 k reports a second waiting), not its freshness.
+STEP_COMPLETIONS_INTERVAL = envfloat("STEP_COMPLETIONS_INTERVAL", 3.0)
+beat_schedule["step-completions"] = periodic("runs.completions_refresh", STEP_COMPLETIONS_INTERVAL)
 
 # --- Retention of everything else that grows (docs/operations.md, Retention) --------------
 # Days kept; 0 or empty keeps them forever. Pruned by beat's retention tasks every

@@ -1,4 +1,5 @@
-"""Retention of run events (`runs_runevent`; docs/operations.md, Retention).
+"""Retention of run events (`runs_runevent`; docs/operations.md, Retention), and of step
+completions (`runs_stepcompletion`, as long as the raw reports they are computed from).
 
 Two rules, because events grow two ways:
 
@@ -55,6 +56,7 @@ DELETE FROM runs_runevent WHERE id IN (
 @dataclass
 class EventsPruned:
     expired: int = 0  # events of runs over (and node events) past the retention
+    completions: int = 0  # step completions past the raw reports' retention
     dropped: dict[str, int] = field(default_factory=dict)  # "run id/kind" → events over the cap
 
 
@@ -71,6 +73,13 @@ def run_events_prune(*, now: datetime) -> EventsPruned:
     cap = settings.RUN_EVENTS_MAX_PER_RUN
     if cap:
         result.dropped = run_events_cap(cap=cap)
+    raw_days = settings.HISTORY_RAW_RETENTION_DAYS
+    if raw_days:  # a completion is recomputed from raw reports: kept as long as they are
+        result.completions = expired_delete(
+            table="runs_stepcompletion",
+            expired="t1 < %(cutoff)s",
+            params={"cutoff": now - timedelta(days=raw_days)},
+        )
     return result
 
 

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connections
@@ -11,6 +10,7 @@ from django.db import connections
 from apps.core.db_router import read_alias
 from apps.core.times import to_datetime, to_seconds
 from apps.runs.choices import RunState
+from apps.runs.completions import COMPLETIONS_SQL
 from apps.runs.models import Run, RunEvent
 from apps.runs.step_reads import (  # noqa: F401  (re-exported: readers import them here)
     CHUNK_CHECK_FIELDS,
@@ -33,6 +33,7 @@ def run_get(*, name: str, **cluster_filter: Any) -> Run | None:
 def run_summary(*, run: Run, now: float | None = None) -> dict[str, Any]:
     """The contract's run summary; goodput over the detectors' window of the run."""
     now = time.time() if now is None else now
+    read = _completions_read(run, now)
     checkpoint = {tier: _last_checkpoint(run, tier) for tier in ("local", "durable")}
     durable_at = checkpoint["durable"]["at"] if checkpoint["durable"] else None
     since = durable_at or run.created_at.timestamp()
@@ -44,8 +45,8 @@ def run_summary(*, run: Run, now: float | None = None) -> dict[str, Any]:
         "last_step_at": run.last_step_at.timestamp() if run.last_step_at else None,
         "restarts": run.restarts,
         "timeline_after": run.timeline_after.timestamp() if run.timeline_after else None,
-        "tokens_per_s": _tokens_per_s(run),
-        "goodput": run_goodput(run=run, now=now),
+        "tokens_per_s": _tokens_per_s(run, read.rows),
+        "goodput": _goodput(run, now, read),
         "checkpoint": {
             **checkpoint,
             # GPU-hours that a failure now would throw away: one GPU per rank since the
@@ -68,38 +69,49 @@ def _last_checkpoint(run: Run, tier: str) -> dict[str, Any] | None:
     return {"step": event.step, "at": event.ts.timestamp()} if event else None
 
 
-def _tokens_per_s(run: Run) -> float | None:
+def _tokens_per_s(run: Run, rows: list[tuple]) -> float | None:
+    """All ranks' tokens a second over the completions (`rows`, as COMPLETIONS_SQL reads them)
+    that ended in the last THROUGHPUT_WINDOW_S before the newest report: from their median
+    ends, so one straggling rank's report does not stretch the span."""
     if run.last_step_at is None:
         return None
-    # a run that stopped stepping may have had part of its last minute compacted
-    since = run.last_step_at - timedelta(seconds=THROUGHPUT_WINDOW_S)
-    source, chunked = steps_source(run_id=run.id, start=since)
-    with connections[read_alias()].cursor() as cursor:
-        cursor.execute(
-            "SELECT sum(tokens), extract(epoch FROM max(ts) - min(ts))::float8,"
-            f" count(DISTINCT step) FROM {source} AS steps"
-            " WHERE run_id = %(run)s AND ts > %(since)s",
-            {"run": run.id, "since": since, **chunked},
-        )
-        tokens, span, steps = cursor.fetchone()
-    if not tokens or not span or steps < 2:
+    since = run.last_step_at.timestamp() - THROUGHPUT_WINDOW_S
+    recent = [(end, tokens) for _, end, *_, tokens in rows if end > since]
+    tokens = sum(tokens or 0 for _, tokens in recent)
+    span = max(recent)[0] - min(recent)[0] if recent else 0.0
+    if not tokens or not span:
         return None
-    # tokens of the first step in the window were processed before it started
-    return round(float(tokens) * (steps - 1) / steps / span, 3)
+    # the tokens of the first step in the window were processed before it started
+    return round(tokens * (len(recent) - 1) / len(recent) / span, 3)
 
 
 def _nodes(run: Run) -> list[str]:
-    """The nodes the run's ranks reported from over its last NODES_STEPS steps (where it runs
-    now; a (run_id, step) index range: 2.5 k reports at 256 ranks)."""
+    """The nodes the run's ranks reported from over its last PLACE_NEAR_STEPS steps when
+    every rank reported in them (where it runs now: 33 k reports at 16,384 ranks), else over
+    its last NODES_STEPS (a hung rank's node stays listed: 164 k reports, ≈ 4× the time).
+    One query on the (run_id, step) index; the wider scan only runs when needed."""
     if run.last_step is None:
         return []
     with connections[read_alias()].cursor() as cursor:
         cursor.execute(
-            "SELECT DISTINCT n.name FROM runs_stepreport s JOIN clusters_node n ON n.id = s.node_id"
-            " WHERE s.run_id = %s AND s.step > %s ORDER BY n.name",
-            [run.id, run.last_step - NODES_STEPS],
-        )
+            _NODES_SQL,
+            {"run": run.id, "near": run.last_step - PLACE_NEAR_STEPS,
+             "after": run.last_step - NODES_STEPS, "ranks": run.world_size},
+        )  # fmt: skip
         return [row[0] for row in cursor.fetchall()]
+
+
+_NODES_SQL = """
+WITH near AS MATERIALIZED (
+    SELECT node_id, rank FROM runs_stepreport WHERE run_id = %(run)s AND step > %(near)s
+)
+SELECT n.name FROM clusters_node n WHERE n.id IN (
+    SELECT node_id FROM near
+    UNION
+    SELECT node_id FROM runs_stepreport WHERE run_id = %(run)s AND step > %(after)s
+      AND (SELECT count(*) FROM (SELECT DISTINCT rank FROM near) r) < %(ranks)s
+) ORDER BY n.name
+"""
 
 
 # Goodput has one selector, here: the run summary (above) and the detectors' window of the
@@ -111,16 +123,29 @@ def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
     whichever is later). None before any step. A restart (a `restart` event, or the step
     counter going back: Run.timeline_after) books the steps it threw away as recovery; the
     old timeline's reports are read for that. Two queries: the per-step medians over the
-    ranks are computed by Postgres (a 256-rank window is 30 k reports)."""
+    ranks are the stored completions (apps.runs.completions; one row a step), read raw only
+    for the steps stored since the last refresh."""
+    return _goodput(run, now, _completions_read(run, now))
+
+
+class _Completions(NamedTuple):
+    rows: list[tuple]  # COMPLETIONS_SQL's
+    events: list[EventRow]
+    restarts: list[float]
+
+
+def _completions_read(run: Run, now: float) -> _Completions:
+    """The run's recent events, its restarts, and its completions over the detectors' window
+    (none before any step)."""
     if run.last_step is None:
-        return None
+        return _Completions([], [], [])
     recent = run_events_recent([run], now, until=None).get(run.id, [])
     events = [event_row(event, {}) for event in recent]
     # the restart events, and the one inferred from the step counter going back
     restarts = restarts_of(events, to_seconds(run.timeline_after))
     with connections[read_alias()].cursor() as cursor:
         cursor.execute(
-            _COMPLETIONS_SQL,
+            COMPLETIONS_SQL,
             {
                 "run": run.id,
                 "after": run.last_step - settings.ALERT_STEP_WINDOW,
@@ -128,8 +153,12 @@ def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
                 "restarts": [*restarts, math.inf],
             },
         )
-        rows = cursor.fetchall()
-    if not rows:
+        return _Completions(cursor.fetchall(), events, restarts)
+
+
+def _goodput(run: Run, now: float, read: _Completions) -> dict[str, Any] | None:
+    rows = read.rows
+    if not rows or run.last_step is None:
         return None
     done = completions_marked(Completion(*row[:4], epoch=row[5]) for row in rows)
     end = now if run.state == RunState.RUNNING else (to_seconds(run.last_step_at) or now)
@@ -140,33 +169,13 @@ def run_goodput(*, run: Run, now: float) -> dict[str, Any] | None:
     first = min(row[4] for row in rows)
     since = None if whole else max(first, event_start)
     return goodput_of(
-        done, events, end, since=since, started_at=to_seconds(run.created_at), restarts=restarts
+        done,
+        read.events,
+        end,
+        since=since,
+        started_at=to_seconds(run.created_at),
+        restarts=read.restarts,
     ).to_dict()
-
-
-# One row per completion of a step number (epoch, step): detectors.goodput.completions'
-# medians, and the earliest start of a rank's step. date_part, not extract: the same float8
-# seconds without a numeric per report (a third of the query's time at 1,024 ranks).
-# Grouped by step first: the (run_id, step) index scan hands the reports over in step order,
-# so only each step's reports are sorted (an incremental sort), not all 123 k of 1,024 ranks
-# at once (which spilled to disk). The outer ORDER BY (on 120 rows; inside, it would bring
-# the big sort back) keeps the order of the former (epoch, step) grouping.
-_COMPLETIONS_SQL = """
-SELECT step, e, step_time, data, first_start, epoch FROM (
-    SELECT epoch, step, percentile_cont(0.5) WITHIN GROUP (ORDER BY e) AS e,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY step_time) AS step_time,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY data) AS data,
-           min(e - step_time) AS first_start
-    FROM (
-        SELECT step, date_part('epoch', ts) AS e, step_time,
-               coalesce(data_time, 0) + coalesce(h2d_time, 0) AS data,
-               width_bucket(date_part('epoch', ts), %(restarts)s::float8[]) AS epoch
-        FROM runs_stepreport WHERE run_id = %(run)s AND step > %(after)s
-    ) s
-    GROUP BY step, epoch
-) per_completion
-ORDER BY epoch, step
-"""
 
 
 def run_events_recent(

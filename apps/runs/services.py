@@ -16,6 +16,7 @@ from apps.core.times import to_datetime
 from apps.runs.choices import ENDED_STATES, RunState
 from apps.runs.chunks import DURATION_DECIMALS, STEP_FIELDS
 from apps.runs.compaction import STEP_TYPES, steps_unseal
+from apps.runs.completions import completions_mark_dirty
 from apps.runs.models import Run
 
 
@@ -121,12 +122,14 @@ class StepsStored(NamedTuple):
 def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> StepsStored:
     """COPY step reports given as (run id, node id, step record), in the caller's
     transaction; a report that lands in a compacted window unseals it (steps_unseal).
-    Durations are stored to the microsecond (`_duration`).
+    Durations are stored to the microsecond (`_duration`); the stored step numbers are
+    marked for the completions' refresh (apps.runs.completions).
     Marking the ranges for the rollups is the caller's step (the ingest store
     step), so runs never calls into history."""
     if not steps:
         return StepsStored(0, {})
     dirty: dict[int, tuple[datetime, datetime]] = {}
+    numbers: dict[int, tuple[int, int]] = {}  # run → (first step, last step)
     with (
         connection.connection.cursor() as cursor,
         cursor.copy(
@@ -139,6 +142,8 @@ def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> StepsStored:
             ts = to_datetime(step["ts"])
             first, last = dirty.get(run_id, (ts, ts))
             dirty[run_id] = (min(first, ts), max(last, ts))
+            low, high = numbers.get(run_id, (step["step"], step["step"]))
+            numbers[run_id] = (min(low, step["step"]), max(high, step["step"]))
             copy.write_row(
                 (
                     run_id,
@@ -162,6 +167,7 @@ def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> StepsStored:
                 )
             )
     steps_unseal(ranges=dirty, now=timezone.now())
+    completions_mark_dirty(steps=numbers)
     return StepsStored(len(steps), dirty)
 
 

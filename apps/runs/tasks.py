@@ -5,6 +5,7 @@ from django.utils import timezone
 
 from apps.core.db_nice import background_db
 from apps.runs.compaction import steps_compact
+from apps.runs.completions import completions_refresh
 from apps.runs.retention import run_events_prune
 
 
@@ -19,3 +20,10 @@ def prune_events() -> dict:
     """Run events past their retention or their run's cap (beat, RETENTION_INTERVAL)."""
     with background_db():
         return asdict(run_events_prune(now=timezone.now()))
+
+
+@shared_task(name="runs.completions_refresh", ignore_result=True)
+def refresh_completions() -> int:
+    """The step completions of the steps ingest marked (beat, STEP_COMPLETIONS_INTERVAL)."""
+    with background_db():
+        return completions_refresh()

@@ -31,9 +31,10 @@ PAGES = {
     # + its commands, the plan (4: its newest checkpoints' events, the reports around the
     # newest, raw and a chunk probe, to see that the ranks agree on it; its nodes); a chunk
     # probe each for the run's first report and the checksum table (step reports older than
-    # the raw window live in chunks). 24, not 27: the heat-map (its history plan, cells and
-    # rank places) is fetched after load
-    "run": ("/clusters/{c}/runs/" + RUN + "/", 24),
+    # the raw window live in chunks). 22, not 27: the heat-map (its history plan, cells and
+    # rank places) is fetched after load; tokens/s comes from the goodput's completions (not
+    # a chunk probe and a read of the last minute's reports)
+    "run": ("/clusters/{c}/runs/" + RUN + "/", 22),
     # + its commands, its runs and ranks, and (for an operator) its state once its node
     # commands still issued are carried out (the buttons it offers)
     "node": ("/clusters/{c}/nodes/node-00/", 20),
