@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from detectors import DETECTORS, common, detect_all  # noqa: E402
+from detectors import DETECTORS, detect_all  # noqa: E402
 from detectors.config import DEFAULT_CONFIG  # noqa: E402
 from detectors.goodput import goodput  # noqa: E402
 from detectors.types import (  # noqa: E402
@@ -137,10 +137,9 @@ def build(seed: int = 0, nodes: int = NODES) -> tuple[ClusterWindow, float]:
 
 def timed(fn, repeat: int) -> list[float]:
     """CPU milliseconds of each of `repeat` calls, each from a cold cache (as a fresh
-    window would be)."""
+    window would be: a pass's shared results live only inside its detect_all)."""
     out = []
     for _ in range(repeat):
-        common._MEMO.clear()
         start = time.process_time()
         fn()
         out.append((time.process_time() - start) * 1000)

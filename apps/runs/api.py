@@ -49,7 +49,11 @@ class RunOut(Schema):
         description="the newest report before the latest restart: last_step and the "
         "detectors follow the reports after it (null: no restart)",
     )
-    tokens_per_s: float | None
+    tokens_per_s: float | None = Field(
+        None,
+        description="all ranks' tokens a second over the steps completed in the minute "
+        "before the newest report (from each step's median end; null with fewer than two)",
+    )
     goodput: GoodputOut | None
     checkpoint: CheckpointOut
     nodes: list[str]
