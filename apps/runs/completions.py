@@ -39,17 +39,18 @@ ISLAND_STEPS = 1_000
 # step, and the tokens of them all (the run summary's tokens/s). date_part, not extract: the
 # same float8 seconds without a numeric per report.
 _PER_COMPLETION = """
-    SELECT run_id, step, epoch, min(ts) AS t0, max(ts) AS t1, count(*) AS n,
+    SELECT {key}, {extra}
            percentile_cont(0.5) WITHIN GROUP (ORDER BY e) AS e,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY step_time) AS step_time,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY data) AS data,
            min(e - step_time) AS first_start, sum(tokens)::int8 AS tokens
     FROM (
-        SELECT run_id, step, ts, date_part('epoch', ts) AS e, step_time, tokens,
-               coalesce(data_time, 0) + coalesce(h2d_time, 0) AS data, {epoch} AS epoch
-        FROM {reports}
+        SELECT {key}, {extra_columns} date_part('epoch', ts) AS e, step_time, tokens,
+               coalesce(data_time, 0) + coalesce(h2d_time, 0) AS data
+        FROM (SELECT *, width_bucket(date_part('epoch', ts), {bounds}) AS epoch
+              FROM {reports}) r
     ) s
-    GROUP BY run_id, step, epoch"""
+    GROUP BY {key}"""
 
 # The restarts a refresh splits completions at: every `restart` event of the run, and the one
 # inferred from its step counter going back (detectors.goodput.restarts_of, INFERRED_AFTER_S),
@@ -99,7 +100,11 @@ _REFRESH_REPORTS = """islands i JOIN restarts b USING (run_id) CROSS JOIN LATERA
     WHERE s.run_id = i.run_id AND s.step BETWEEN i.lo AND i.hi OFFSET 0
 ) r"""
 _REFRESHED = _PER_COMPLETION.format(
-    epoch="width_bucket(date_part('epoch', ts), bounds)", reports=_REFRESH_REPORTS
+    key="run_id, step, epoch",
+    extra="min(ts) AS t0, max(ts) AS t1, count(*) AS n,",
+    extra_columns="ts,",
+    bounds="bounds",
+    reports=_REFRESH_REPORTS,
 )
 _REFRESH_SQL = f"""
 WITH islands AS (
@@ -117,39 +122,40 @@ SELECT run_id, step, t0, t1, n, e, step_time, data, first_start, tokens FROM ({_
 # The read (see the module's docstring): %(run)s, %(after)s (steps above it),
 # %(restarts)s (the reader's, +infinity last). Rows: step, end, step_time, data, first start,
 # epoch, tokens, in (epoch, step) order.
+# the read's: the run is given, and the times of the first and last report are not needed
 _READ_RAW = _PER_COMPLETION.format(
-    epoch="width_bucket(date_part('epoch', ts), %(restarts)s::float8[])", reports="raw"
+    key="step, epoch", extra="", extra_columns="", bounds="%(restarts)s::float8[]", reports="raw"
 )
 COMPLETIONS_SQL = f"""
 WITH marks AS MATERIALIZED (
     SELECT s0, s1 FROM runs_completiondirty WHERE run_id = %(run)s AND s1 > %(after)s
+), flagged AS (
+    SELECT *, CASE WHEN s0 <= max(s1) OVER (ORDER BY s0, s1
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) + 1 THEN 0 ELSE 1 END
+              AS starts
+    FROM marks
+), marked AS MATERIALIZED (
+    SELECT greatest(min(s0), %(after)s + 1) AS lo, max(s1) AS hi FROM (
+        SELECT *, sum(starts) OVER (ORDER BY s0, s1 ROWS UNBOUNDED PRECEDING) AS island
+        FROM flagged
+    ) n GROUP BY island
 ), stored AS MATERIALIZED (
     SELECT step, end_ts, step_time, data, first_start, tokens,
            width_bucket(date_part('epoch', t0), %(restarts)s::float8[]) AS epoch,
            width_bucket(date_part('epoch', t1), %(restarts)s::float8[]) AS epoch_last
     FROM runs_stepcompletion c
     WHERE run_id = %(run)s AND step > %(after)s
-      AND NOT EXISTS (SELECT 1 FROM marks m WHERE c.step BETWEEN m.s0 AND m.s1)
+      AND NOT EXISTS (SELECT 1 FROM marked m WHERE c.step BETWEEN m.lo AND m.hi)
 ), misfit AS MATERIALIZED (
     SELECT DISTINCT step FROM stored GROUP BY step, epoch
     HAVING count(*) > 1 OR bool_or(epoch <> epoch_last)
-), flagged AS (
-    SELECT *, CASE WHEN s0 <= max(s1) OVER (ORDER BY s0, s1
-                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) + 1 THEN 0 ELSE 1 END
-              AS starts
-    FROM marks
-), marked AS (
-    SELECT greatest(min(s0), %(after)s + 1) AS lo, max(s1) AS hi FROM (
-        SELECT *, sum(starts) OVER (ORDER BY s0, s1 ROWS UNBOUNDED PRECEDING) AS island
-        FROM flagged
-    ) n GROUP BY island
 ), raw AS (
     SELECT r.* FROM marked m CROSS JOIN LATERAL (
-        SELECT run_id, step, ts, step_time, data_time, h2d_time, tokens FROM runs_stepreport s
+        SELECT step, ts, step_time, data_time, h2d_time, tokens FROM runs_stepreport s
         WHERE s.run_id = %(run)s AND s.step BETWEEN m.lo AND m.hi OFFSET 0
     ) r
     UNION ALL
-    SELECT run_id, step, ts, step_time, data_time, h2d_time, tokens FROM runs_stepreport
+    SELECT step, ts, step_time, data_time, h2d_time, tokens FROM runs_stepreport
     WHERE run_id = %(run)s AND step = ANY(ARRAY(SELECT step FROM misfit))
 )
 SELECT step, e, step_time, data, first_start, epoch, tokens FROM ({_READ_RAW}) per_completion
