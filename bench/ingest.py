@@ -14,6 +14,8 @@ worker and live publisher on 127.0.0.1, and stops them at the end. Prints:
   - raw binary COPY rate of the same samples, 1,000-row batches, a commit each; ours ÷ raw;
   - bytes on disk per stored sample, as ingested and after compaction;
   - p95 of a chart query during full ingest ÷ the same query idle.
+
+`--frontier` sends the mix of a 16,384-rank run instead, paced (bench/ingest_frontier.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import step_disk  # noqa: E402
+from bench import ingest_frontier, step_disk  # noqa: E402
 from bench.common import (  # noqa: E402
     BenchStack,
     deployment_arguments,
@@ -65,7 +67,7 @@ def ingest_sched(args: argparse.Namespace) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=int(os.environ.get("BENCH_BATCHES", 3000)))
-    parser.add_argument("--senders", type=int, default=6)
+    parser.add_argument("--senders", type=int, default=None, help="6; --frontier: 16")
     parser.add_argument(
         "--seconds-per-batch",
         type=int,
@@ -95,7 +97,9 @@ def main() -> int:
         help="server for the HTTP API (websockets always on uvicorn)",
     )
     deployment_arguments(parser)
+    ingest_frontier.frontier_arguments(parser)
     args = parser.parse_args()
+    args.senders = args.senders or (16 if args.frontier else 6)
 
     env, conninfo = prepare_database()
     stack = BenchStack(
@@ -110,6 +114,8 @@ def main() -> int:
     )
     try:
         stack.start()  # inside: a start that times out still stops what it started
+        if args.frontier:
+            return ingest_frontier.run(args, stack, conninfo)
         return run(args, stack, conninfo)
     finally:
         stack.stop()

@@ -112,5 +112,45 @@ def run_measurement(env: dict[str, str]) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# runs_stepreport's stored columns (no id, no index), with their binary COPY types
+STEP_COLUMNS = (
+    ("run_id", "int8"), ("node_id", "int8"), ("ts", "timestamptz"), ("rank", "int4"),
+    ("step", "int8"), ("step_time", "float8"), ("data_time", "float8"),
+    ("h2d_time", "float8"), ("compute_time", "float8"), ("comm_wait", "float8"),
+    ("tokens", "int8"), ("loss", "float8"), ("grad_checksum", "text"),
+    ("param_checksum", "text"), ("canary_norm", "float8"), ("canary_proj", "float8[]"),
+    ("shard", "text"), ("gpu", "int2"),
+)  # fmt: skip
+
+
+def raw_copy_rate(conninfo: str, rows: list[tuple]) -> float:
+    """Rows/s of a binary COPY of `rows` (STEP_COLUMNS' order) into a bare table of those
+    columns, 1,000 rows per COPY and commit, one connection: the floor bench/ingest.py
+    compares its step reports with, as it does its samples."""
+    import time
+
+    import psycopg
+
+    columns = ", ".join(f"{name} {kind}" for name, kind in STEP_COLUMNS)
+    with psycopg.connect(conninfo, application_name="bench client") as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_raw_steps")
+        conn.execute(f"CREATE TABLE bench_raw_steps ({columns})")
+        conn.commit()
+        started = time.monotonic()
+        for offset in range(0, len(rows), 1000):
+            with (
+                conn.cursor() as cursor,
+                cursor.copy("COPY bench_raw_steps FROM STDIN (FORMAT BINARY)") as copy,
+            ):
+                copy.set_types([kind for _, kind in STEP_COLUMNS])
+                for row in rows[offset : offset + 1000]:
+                    copy.write_row(row)
+            conn.commit()
+        elapsed = time.monotonic() - started
+        conn.execute("DROP TABLE bench_raw_steps")
+        conn.commit()
+    return len(rows) / elapsed
+
+
 if __name__ == "__main__":
     print(json.dumps(measure()))
