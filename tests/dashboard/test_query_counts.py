@@ -3,6 +3,7 @@
 import time
 
 import pytest
+from django.test import override_settings
 
 from apps.alerts.services import alerts_sync
 from detectors.types import Finding
@@ -52,3 +53,30 @@ def test_the_page_reads_in_a_fixed_number_of_queries(client_in, django_assert_nu
     for cluster in (small, large):
         with django_assert_num_queries(expected):
             assert client_in.get(url.format(c=cluster.name)).status_code == 200
+
+
+# A fleet's overview (past OVERVIEW_NODE_CARDS nodes) and a block's page, pinned too (issue
+# 27). The overview reads the cluster with its node count, then, for a fleet, every node's
+# block and tile states in one query (selectors.blocks.fleet_nodes) instead of its health:
+# 9, as the cards. A block's page: its nodes by block (block_node_ids), then their health
+# alone: 10 (9 when it read every node's health and kept one block's).
+FLEET_PAGES = {
+    "fleet overview": ("/clusters/{c}/", {}, 9, b'id="block-grid"'),
+    "block": ("/clusters/{c}/", {"block": "node-00 … node-01"}, 10, b'class="node-card"'),
+}
+
+
+@pytest.mark.parametrize("page", FLEET_PAGES)
+@override_settings(OVERVIEW_NODE_CARDS=2, OVERVIEW_BLOCK_NODES=2)
+def test_a_fleet_page_reads_in_a_fixed_number_of_queries(
+    client_in, django_assert_num_queries, page
+):
+    small = cluster_store("small", nodes=3, gpus=2, steps=6)
+    large = cluster_store("large", nodes=8, gpus=8, steps=6)
+    xid_alerts(small, 3)
+    xid_alerts(large, 8)
+    url, query, expected, shows = FLEET_PAGES[page]
+    for cluster in (small, large):
+        with django_assert_num_queries(expected):
+            response = client_in.get(url.format(c=cluster.name), query)
+            assert response.status_code == 200 and shows in response.content

@@ -16,7 +16,12 @@ from apps.alerts.selectors import alert_json, detector_pass_status
 from apps.clusters.choices import NodeDownBy, NodeState
 from apps.core.db_router import replica_reads
 from apps.dashboard.selectors.alerts import OVERVIEW_ALERTS, open_alerts
-from apps.dashboard.selectors.blocks import BLOCK_KEY_MAX_LENGTH, block_rows, node_blocks
+from apps.dashboard.selectors.blocks import (
+    BLOCK_KEY_MAX_LENGTH,
+    block_node_ids,
+    fleet_nodes,
+    node_blocks,
+)
 from apps.dashboard.selectors.health import HEALTH_RULES, TILE_STATES
 from apps.dashboard.selectors.runs import ended_runs, running_runs
 from apps.dashboard.views.common import cluster_or_404, live_config, tile_config, with_tiles
@@ -40,33 +45,38 @@ def home(request: HttpRequest) -> HttpResponse:
 def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
     """Node cards; past OVERVIEW_NODE_CARDS nodes, blocks of nodes (selectors.blocks), and
     ?block=<key> the cards of one block."""
-    found = cluster_or_404(request, cluster)
+    found = cluster_or_404(request, cluster, with_node_count=True)
     now = time.time()
-    nodes = node_health_list(cluster_id=found.id)
+    block_key = request.GET.get("block")
+    ids = None
+    if block_key is not None:
+        # a block's page reads its own nodes alone
+        ids = block_node_ids(cluster_id=found.id, key=block_key[:BLOCK_KEY_MAX_LENGTH])
+        if not ids:
+            raise Http404("no such block")
     alert_rows = open_alerts(cluster=found)
     open_alerts_json = [alert_json(a) for a in alert_rows]
     running = running_runs(cluster=found, now=now)
     runs_on = run_names_by_node(runs=running)  # node id → its runs, for the cards
-    rows = [
-        {**with_tiles(node, open_alerts_json, now), "runs": runs_on.get(node["id"], [])}
-        for node in nodes
-    ]
-    tiles = [tile for row in rows for tile in row["tiles"]]
-    block_key = request.GET.get("block")
-    blocks = None
-    if block_key is not None:
-        shown = block_rows(rows, block_key[:BLOCK_KEY_MAX_LENGTH])
-        if shown is None:
-            raise Http404("no such block")
-    elif len(rows) > settings.OVERVIEW_NODE_CARDS:
-        shown, blocks = [], node_blocks(rows)
+    if block_key is None and found.node_count > settings.OVERVIEW_NODE_CARDS:
+        # a fleet: its blocks, and its counts, from its nodes' tile states (no tile built)
+        nodes = fleet_nodes(cluster_id=found.id, alerts=open_alerts_json, now=now)
+        blocks = node_blocks([{**node, "runs": runs_on.get(node["id"], [])} for node in nodes])
+        shown: list[dict] = []
+        healthy = sum(block["tiles"].get("ok", 0) for block in blocks)
+        total = sum(block["gpus"] for block in blocks)
     else:
-        shown = rows
-    shown_ids = {row["id"] for row in shown}
-    # a block's page counts its own nodes (its live counts can only count those)
-    if block_key is not None:
-        nodes = [node for node in nodes if node["id"] in shown_ids]
-        tiles = [tile for row in shown for tile in row["tiles"]]
+        nodes = (
+            node_health_list(cluster_id=found.id) if ids is None else node_health_list(node_ids=ids)
+        )
+        blocks = None
+        shown = [
+            {**with_tiles(node, open_alerts_json, now), "runs": runs_on.get(node["id"], [])}
+            for node in nodes
+        ]
+        # a block's page counts its own nodes (its live counts can only count those)
+        healthy = sum(tile["state"] == "ok" for row in shown for tile in row["tiles"])
+        total = sum(len(row["tiles"]) for row in shown)
     context = {
         "cluster": found,
         "nodes": shown,
@@ -77,8 +87,8 @@ def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
         "runs": running,
         "ended_runs": ended_runs(cluster=found, now=now),
         "detectors": detector_pass_status(cluster=found, now=now),
-        "healthy_gpus": sum(tile["state"] == "ok" for tile in tiles),
-        "total_gpus": len(tiles),
+        "healthy_gpus": healthy,
+        "total_gpus": total,
         "node_count": len(nodes),
         "firing": sum(a["state"] == AlertState.FIRING for a in open_alerts_json),
         # out of run plans: a cordoned node, and a draining one (its drain not yet over)
@@ -91,7 +101,7 @@ def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
         "page_data": {
             # the cards' nodes only: a fleet's blocks page carries no node (4,096 nodes'
             # health would be megabytes); it reloads its blocks (blocks.js)
-            "nodes": [node for node in nodes if node["id"] in shown_ids],
+            "nodes": nodes if blocks is None else [],
             "node_runs": {row["node"]: row["runs"] for row in shown if row["runs"]},
             "alerts": open_alerts_json,
             "rules": HEALTH_RULES,
