@@ -202,6 +202,10 @@ LIVE_WS_PORT = env("LIVE_WS_PORT")
 LIVE_PUBLISH_INTERVAL = envfloat("LIVE_PUBLISH_INTERVAL", 0.1)
 # A node is sent at most once per this many seconds; its later changes wait and coalesce.
 LIVE_NODE_INTERVAL = envfloat("LIVE_NODE_INTERVAL", 1.0)
+# A live websocket sends at most one message per this many seconds however many nodes,
+# alerts or commands change: at most 1 / LIVE_SOCKET_FLUSH_S a second, 4 by default
+# (apps.live.coalesce; docs/api.md).
+LIVE_SOCKET_FLUSH_S = envfloat("LIVE_SOCKET_FLUSH_S", 0.25)
 # The overview of a fleet (apps.dashboard.selectors.blocks): past this many nodes it shows
 # blocks of nodes, not a card per node: by this node_info field (a rack, a row) where agents
 # send it (`opsboard-agent run --info rack=r12`), else this many nodes consecutive by name.

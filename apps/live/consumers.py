@@ -1,11 +1,15 @@
-"""Websocket /ws/clusters/<name>/: a snapshot of every node on connect, then numbered deltas.
+"""Websocket /ws/clusters/<name>/: a snapshot of every node on connect, then coalesced deltas.
 
 Protocol (server → client): {"type": "snapshot", "seq": n, "nodes": [...]} then
-{"type": "delta", "seq": n+1, "nodes": [...]}, ...; a client that sees a gap in `seq` sends
-{"type": "resync"} and gets a new snapshot. Deltas carry whole node states, so applying one
-twice is harmless. Unnumbered, as they happen: {"type": "alert", "alert": {...}} and
-{"type": "command", "command": {...}} (a row of a page's command list, whole: applying one
-twice is harmless too). Consumers never write to the database.
+{"type": "delta", "seq": n+1, "nodes": [...], "alerts": [...], "commands": [...]}, ...: at
+most one message per LIVE_SOCKET_FLUSH_S (apps.live.coalesce), each delta the newest state
+of every node that changed since the socket's last message (alerts and commands present when
+any changed). A flush holding one alert or one command alone sends it as it always was,
+unnumbered: {"type": "alert", "alert": {...}}, {"type": "command", "command": {...}}. States
+and rows are whole, so applying one twice is harmless. The socket numbers its own messages
+one after another and sends a new snapshot itself when the cluster's group lost a delta on
+the way; a client that sees a gap in `seq` anyway sends {"type": "resync"} and gets a
+snapshot at the next flush. Consumers never write to the database.
 
 The socket lives no longer than its login and its access. It closes at once with 4401 when
 its session ends (logout, the session deleted), and with 4403 when the user's role on the
@@ -21,6 +25,8 @@ import contextlib
 import logging
 import time
 
+import orjson
+import redis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
@@ -29,6 +35,7 @@ from django.db import DatabaseError
 from apps.access.selectors import clusters_visible
 from apps.core.counters import gauge_add
 from apps.core.redis import redis_client
+from apps.live.coalesce import SocketBuffer
 from apps.live.groups import cluster_group, cluster_seq_key, session_group, user_group
 from apps.live.selectors import node_health_list, session_user
 
@@ -44,8 +51,10 @@ logger = logging.getLogger(__name__)
 class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
     closed = False
     watcher: asyncio.Task | None = None
+    flusher: asyncio.Task | None = None
     cluster_id: int | None = None
     counted = False
+    sent_at = 0.0  # monotonic time of the last message sent: the next waits LIVE_SOCKET_FLUSH_S
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -75,16 +84,21 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         self.counted = True
         gauge_add(WS_CLIENTS, 1)
+        self.buffer = SocketBuffer()
+        self.ready = asyncio.Event()  # set when the buffer holds something to send
         self.watcher = asyncio.create_task(self.watch_session())
-        await self.send_snapshot()
+        if await self.session_valid():
+            await self.send_snapshot()
+        self.flusher = asyncio.create_task(self.flush_forever())
 
     async def disconnect(self, code: int) -> None:
         self.closed = True
         if self.counted:
             self.counted = False
             gauge_add(WS_CLIENTS, -1)
-        if self.watcher is not None and self.watcher is not asyncio.current_task():
-            self.watcher.cancel()
+        for task in (self.watcher, self.flusher):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
         await self.leave_groups()
 
     async def end(self, code: int) -> None:
@@ -101,29 +115,71 @@ class ClusterLiveConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(group, self.channel_name)
         self.joined = []
 
+    @classmethod
+    async def encode_json(cls, content) -> str:
+        # a fleet's snapshot or delta is megabytes of node states: orjson writes them about
+        # ten times faster than json, and NaN as null (JSON.parse refuses json's NaN)
+        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS).decode()
+
     async def receive_json(self, content, **kwargs) -> None:
         if isinstance(content, dict) and content.get("type") == "resync":
-            await self.send_snapshot()
+            self.hold(self.buffer.resync)
 
-    async def send_snapshot(self) -> None:
-        if not await self.session_valid():
-            return
-        seq, nodes = await database_sync_to_async(_snapshot)(self.cluster_id)
-        await self.send_json({"type": "snapshot", "seq": seq, "nodes": nodes})
+    # Group events are only taken into the buffer; flush_forever sends.
+    def hold(self, take, *args) -> None:
+        if self.cluster_id is not None and not self.closed:
+            take(*args)
+            self.ready.set()
 
     async def live_delta(self, event) -> None:
-        if await self.session_valid():
-            await self.send_json({"type": "delta", "seq": event["seq"], "nodes": event["nodes"]})
+        """A numbered delta of whole node states (apps.live.services, the publisher)."""
+        self.hold(self.buffer.delta, event["seq"], event["nodes"])
 
     async def alert_changed(self, event) -> None:
         """An alert opened, escalated, was acknowledged or resolved (apps.alerts.services)."""
-        if await self.session_valid():
-            await self.send_json({"type": "alert", "alert": event["alert"]})
+        self.hold(self.buffer.alert, event["alert"])
 
     async def command_changed(self, event) -> None:
         """A command was issued or changed state (apps.commands.services.broadcast)."""
-        if await self.session_valid():
-            await self.send_json({"type": "command", "command": event["command"]})
+        self.hold(self.buffer.command, event["command"])
+
+    async def flush_forever(self) -> None:
+        """Send what the buffer holds, one message at a time and each at least
+        LIVE_SOCKET_FLUSH_S after the one before: at most 1 / LIVE_SOCKET_FLUSH_S messages a
+        second (4 by default), however many nodes, alerts or commands change. The first
+        change after a quiet spell goes out at once."""
+        with contextlib.suppress(asyncio.CancelledError):
+            while not self.closed:
+                await self.ready.wait()
+                due = self.sent_at + settings.LIVE_SOCKET_FLUSH_S - time.monotonic()
+                if due > 0:
+                    await asyncio.sleep(due)
+                self.ready.clear()
+                try:
+                    await self.flush()
+                except (DatabaseError, redis.RedisError, OSError) as error:
+                    # the session check or the snapshot's read found no answer: what is
+                    # pending (the snapshot owed too) stays, and goes at the next flush
+                    logger.warning("live socket: flush failed: %s", error)
+                    self.sent_at = time.monotonic()
+                if self.buffer.pending:  # what a snapshot left (alerts, commands): next flush
+                    self.ready.set()
+
+    async def flush(self) -> None:
+        if not await self.session_valid():
+            return
+        if self.buffer.snapshot_due:
+            await self.send_snapshot()
+            return
+        message = self.buffer.take()
+        if message is not None:
+            await self.send_json(message)
+            self.sent_at = time.monotonic()
+
+    async def send_snapshot(self) -> None:
+        seq, nodes = await database_sync_to_async(_snapshot)(self.cluster_id)
+        await self.send_json(self.buffer.snapshot(seq, nodes))
+        self.sent_at = time.monotonic()
 
     async def live_close(self, event) -> None:
         """A login ended or a role was removed (apps.live.services): {"ended": "session"}

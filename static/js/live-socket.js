@@ -1,7 +1,10 @@
-// The live feed of the page's clusters: /ws/clusters/<name>/ sends a snapshot, then numbered
-// deltas (a gap in seq asks for a resync), alert and command changes. Each message is
-// re-dispatched on `document` as "opsboard:snapshot" / "opsboard:delta" / "opsboard:alert" /
-// "opsboard:command" for the page's scripts.
+// The live feed of the page's clusters: /ws/clusters/<name>/ sends a snapshot, then at most
+// one message per LIVE_SOCKET_FLUSH_S (docs/api.md): a numbered delta with the newest state of
+// each node that changed, and the alerts and commands that changed beside them, or a lone
+// alert or command. It numbers its messages one after another and resyncs by itself; a gap
+// in seq still asks for a resync. Each message is re-dispatched on `document`, in one task,
+// as "opsboard:snapshot" / "opsboard:delta" / "opsboard:alert" / "opsboard:command" (one
+// event per alert and per command) for the page's scripts.
 (function () {
   "use strict";
   const config = JSON.parse(document.getElementById("live-config").textContent);
@@ -46,7 +49,9 @@
         // Deltas carry whole node states: apply this one, and ask for what was missed.
         if (seq !== null && data.seq !== seq + 1) socket.send(JSON.stringify({ type: "resync" }));
         seq = data.seq;
-        emit("delta", { cluster, nodes: data.nodes });
+        if (data.nodes.length) emit("delta", { cluster, nodes: data.nodes });
+        (data.alerts || []).forEach((alert) => emit("alert", { cluster, alert }));
+        (data.commands || []).forEach((command) => emit("command", { cluster, command }));
       } else if (data.type === "alert") {
         emit("alert", { cluster, alert: data.alert });
       } else if (data.type === "command") {

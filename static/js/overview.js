@@ -1,6 +1,12 @@
 // GPU tiles coloured by health, live from the websocket: the cluster overview's grid (with
 // counts and the state filter), or one node's tiles on its page. The colour rules mirror apps/dashboard/selectors/health.py (node_tiles, gpu_health); their
 // thresholds come from the server in page-data.rules.
+//
+// A socket message (at most one per LIVE_SOCKET_FLUSH_S) is drawn in one pass: its events
+// only note the newest state of each node, and one draw then writes each changed card once,
+// only the attributes that changed, and the counts once. A visible page draws as soon as the
+// message's events are dispatched (a microtask); a hidden one at its first animation frame
+// once shown, however many messages came meanwhile (a node's newest state only).
 (function () {
   "use strict";
   const page = JSON.parse(document.getElementById("page-data").textContent);
@@ -33,9 +39,20 @@
     return alert.rank === null || alert.rank === undefined;
   }
 
-  function tiles(node) {
+  // the open alerts of each node, built once per draw
+  function openAlertsByNode() {
+    const byNode = new Map();
+    alerts.forEach((a) => {
+      if (!OPEN.includes(a.state)) return;
+      if (!byNode.has(a.node)) byNode.set(a.node, []);
+      byNode.get(a.node).push(a);
+    });
+    return byNode;
+  }
+
+  function tiles(node, byNode) {
     const now = Date.now() / 1000;
-    const mine = [...alerts.values()].filter((a) => a.node === node.node && OPEN.includes(a.state));
+    const mine = byNode.get(node.node) || [];
     const silent = node.last_seen === null || now - node.last_seen > rules.silent_down_s;
     const down = node.state === "down" || silent || mine.some((a) => a.kind === "heartbeat");
     const cordoned = node.state === "cordoned" || node.state === "draining";
@@ -73,10 +90,15 @@
       page.node_url.slice(at + page.node_placeholder.length);
   }
 
+  // A node's card, found once (a querySelector per node per message scans 4,096 cards).
+  const cardOf = new Map();
   function card(node) {
-    const element = document.querySelector(`[data-node="${CSS.escape(node.node)}"]`);
-    if (element || !grid) return element;  // a node page shows its own node only
-    return newCard(node);
+    let element = cardOf.get(node.node);
+    if (element === null || (element && element.isConnected)) return element;
+    element = document.querySelector(`[data-node="${CSS.escape(node.node)}"]`);
+    if (!element && grid) element = newCard(node);
+    cardOf.set(node.node, element);  // null: a node page shows its own node only
+    return element;
   }
 
   function newCard(node) {
@@ -90,18 +112,32 @@
     return element;
   }
 
-  function render(node) {
+  // Set what differs only: an unchanged attribute is not written (no style work for it).
+  function set(element, name, value) {
+    if (element.getAttribute(name) !== value) element.setAttribute(name, value);
+  }
+
+  // Draw one node's card; returns its card (null where the page has none).
+  function render(node, byNode) {
     const element = card(node);
-    if (!element) return;
-    element.dataset.nodeState = node.state;
+    if (!element) return null;
+    set(element, "data-node-state", node.state);
     badge(element, node);
     const box = element.classList.contains("tiles") ? element : element.querySelector(".tiles");
-    tiles(node).forEach((tile) => {
+    tiles(node, byNode).forEach((tile) => {
       let a = box.children[tile.gpu];
       if (!a) { a = document.createElement("a"); a.className = "tile"; a.href = nodeHref(node); a.tabIndex = -1; box.appendChild(a); }
-      a.dataset.gpu = String(tile.gpu); a.dataset.state = tile.state;
-      a.title = describe(node, tile); a.setAttribute("aria-label", a.title);
+      set(a, "data-gpu", String(tile.gpu)); set(a, "data-state", tile.state);
+      const title = describe(node, tile);
+      set(a, "title", title); set(a, "aria-label", title);
     });
+    if (grid) {
+      const shownTiles = box.querySelectorAll(".tile");
+      let ok = 0;
+      shownTiles.forEach((a) => { if (a.dataset.state === "ok") ok++; });
+      tileCounts.set(node.node, { gpus: shownTiles.length, ok });
+    }
+    return element;
   }
 
   // Cordoned, draining and scheduler-drained nodes are out of run plans: a badge on the card
@@ -111,32 +147,91 @@
     let mark = element.querySelector(".node-badge");
     if (!mark) { mark = document.createElement("span"); mark.className = "node-badge"; element.querySelector(".node-name").after(mark); }
     const byScheduler = node.down_by === "scheduler";
-    mark.dataset.nodeState = node.state; mark.dataset.downBy = node.down_by || "";
-    mark.textContent = byScheduler ? "down in the scheduler" : node.state;
-    mark.hidden = node.state !== "cordoned" && node.state !== "draining" && !byScheduler;
+    set(mark, "data-node-state", node.state); set(mark, "data-down-by", node.down_by || "");
+    const text = byScheduler ? "down in the scheduler" : node.state;
+    if (mark.textContent !== text) mark.textContent = text;
+    const hidden = node.state !== "cordoned" && node.state !== "draining" && !byScheduler;
+    if (mark.hidden !== hidden) mark.hidden = hidden;
     let reason = element.querySelector(".node-reason");
     if (!reason) { reason = document.createElement("p"); reason.className = "node-reason"; element.querySelector(".tiles").after(reason); }
-    reason.textContent = node.reason || ""; reason.title = node.reason || ""; reason.hidden = !node.reason;
+    if (reason.textContent !== (node.reason || "")) reason.textContent = node.reason || "";
+    set(reason, "title", node.reason || "");
+    if (reason.hidden !== !node.reason) reason.hidden = !node.reason;
+  }
+
+  // the tiles each node's card shows, and how many are ok: the GPU counts without a
+  // query over every tile of the grid
+  const tileCounts = new Map();
+
+  function count(id, value) {
+    const element = document.getElementById(id);
+    if (element.textContent !== String(value)) element.textContent = String(value);
   }
 
   function counts() {
     if (!grid) return;
-    const states = [...nodes.values()].map((n) => n.state);
-    document.getElementById("count-cordoned").textContent = states.filter((s) => s === "cordoned").length;
-    document.getElementById("count-draining").textContent = states.filter((s) => s === "draining").length;
-    document.getElementById("count-scheduler-down").textContent = [...nodes.values()].filter((n) => n.down_by === "scheduler").length;
-    document.getElementById("count-gpus").textContent = grid.querySelectorAll(".tile").length;
-    document.getElementById("count-healthy").textContent = grid.querySelectorAll('.tile[data-state="ok"]').length;
-    document.getElementById("count-firing").textContent = [...alerts.values()].filter((a) => a.state === "firing").length;
+    let cordoned = 0, draining = 0, schedulerDown = 0, gpus = 0, ok = 0, firing = 0;
+    nodes.forEach((n) => {
+      if (n.state === "cordoned") cordoned++;
+      if (n.state === "draining") draining++;
+      if (n.down_by === "scheduler") schedulerDown++;
+    });
+    tileCounts.forEach((c) => { gpus += c.gpus; ok += c.ok; });
+    alerts.forEach((a) => { if (a.state === "firing") firing++; });
+    count("count-cordoned", cordoned); count("count-draining", draining);
+    count("count-scheduler-down", schedulerDown); count("count-gpus", gpus);
+    count("count-healthy", ok); count("count-firing", firing);
   }
 
-  function renderAll() { nodes.forEach(render); counts(); filterGrid(); }
+  // a block's page (?block=) follows its own nodes only, not the cluster's others; a node's
+  // page its own node
+  const only = page.only_shown || !grid ? new Set(page.nodes.map((node) => node.node)) : null;
+  const shown = (node) => !only || only.has(node.node);
 
-  // a block's page (?block=) follows its own nodes only, not the cluster's others
-  const only = page.only_shown ? new Set(page.nodes.map((node) => node.node)) : null;
+  // What the next draw writes: the newest state of each node changed since the last one,
+  // or every node (`whole`: a snapshot, the clock, the first draw).
+  const pending = new Map();
+  let whole = false, scheduled = false;
+
+  function schedule() {
+    if (scheduled) return;
+    scheduled = true;
+    if (document.hidden) requestAnimationFrame(draw); else queueMicrotask(draw);
+  }
+
+  function draw() {
+    scheduled = false;
+    const list = whole ? [...nodes.values()] : [...pending.values()];
+    const all = whole;
+    pending.clear(); whole = false;
+    const byNode = openAlertsByNode();
+    const changed = [];
+    list.forEach((node) => { const element = render(node, byNode); if (element) changed.push(element); });
+    counts();
+    if (all) filterGrid(); else filterCards(changed);
+  }
+
+  function renderAll() { whole = true; schedule(); }
+
+  // A delta: each node's newest state, drawn at the next draw.
   function apply(list) {
-    list.forEach((node) => { if (!only || only.has(node.node)) { nodes.set(node.node, node); render(node); } });
-    counts(); filterGrid();
+    list.forEach((node) => { if (shown(node)) { nodes.set(node.node, node); pending.set(node.node, node); } });
+    schedule();
+  }
+
+  // A snapshot replaces what the page holds: a node it no longer names loses its card.
+  function replace(list) {
+    const fresh = new Map(list.filter(shown).map((node) => [node.node, node]));
+    nodes.forEach((_, name) => {
+      if (fresh.has(name)) return;
+      const element = grid && (cardOf.get(name) || grid.querySelector(`[data-node="${CSS.escape(name)}"]`));
+      if (element) element.remove();
+      cardOf.delete(name); tileCounts.delete(name);
+    });
+    nodes.clear();
+    fresh.forEach((node, name) => nodes.set(name, node));
+    pending.clear();
+    renderAll();
   }
 
   // --- finding nodes: a text box (node or run name) and state chips; the grid is one tab
@@ -159,13 +254,27 @@
     if (!grid || !search) return;
     const text = search.value.trim().toLowerCase(), state = grid.dataset.filter || "";
     const all = cards();
-    let shown = 0;
-    all.forEach((element) => { element.hidden = !matches(element, text, state); if (!element.hidden) shown++; });
+    let visible = 0;
+    all.forEach((element) => {
+      const hidden = !matches(element, text, state);
+      if (element.hidden !== hidden) element.hidden = hidden;
+      if (!hidden) visible++;
+    });
     const terms = [search.value.trim(), state].filter(Boolean).map((term) => `'${term}'`);
-    empty.hidden = shown > 0 || all.length === 0;
+    empty.hidden = visible > 0 || all.length === 0;
     empty.textContent = `No nodes match ${terms.join(" and ")}.`;
-    shownCount.textContent = terms.length && all.length ? `${shown} of ${all.length} nodes` : "";
+    shownCount.textContent = terms.length && all.length ? `${visible} of ${all.length} nodes` : "";
     rove(null);
+  }
+
+  // After a delta: only its cards can have come into or gone out of the filter; the whole
+  // grid is filtered again only when one did (the counts and the tab stop follow).
+  function filterCards(changed) {
+    if (!grid || !search) return;
+    const text = search.value.trim().toLowerCase(), state = grid.dataset.filter || "";
+    const moved = changed.some((element) => element.hidden !== !matches(element, text, state));
+    const current = grid.querySelector('.node-name[tabindex="0"]');
+    if (moved || !current) filterGrid();
   }
 
   function stops() { return cards().filter((element) => !element.hidden).map((element) => element.querySelector(".node-name")); }
@@ -199,11 +308,14 @@
   }
   if (search) search.addEventListener("input", filterGrid);
 
-  document.addEventListener("opsboard:snapshot", (event) => apply(event.detail.nodes));
+  document.addEventListener("opsboard:snapshot", (event) => replace(event.detail.nodes));
   document.addEventListener("opsboard:delta", (event) => apply(event.detail.nodes));
   document.addEventListener("opsboard:alert", (event) => {
-    alerts.set(event.detail.alert.id, event.detail.alert);
-    renderAll();
+    // an alert colours its own node's tiles only (and the firing count)
+    const alert = event.detail.alert, node = nodes.get(alert.node);
+    alerts.set(alert.id, alert);
+    if (node) pending.set(node.node, node);
+    schedule();
   });
   document.querySelectorAll(".state-filter button").forEach((button) => {
     button.addEventListener("click", () => {
