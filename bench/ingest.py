@@ -287,32 +287,16 @@ def rate_limiter_cost(*, env: dict[str, str]) -> float:
     return (time.perf_counter() - started) / LIMITER_CALLS * 1e6
 
 
+# the samples' stored columns, as the raw COPY floor writes them
+SAMPLE_COLUMNS = (
+    ("ts", "timestamptz"), ("node_id", "int4"), ("metric_id", "int4"), ("gpu", "int2"),
+    ("value", "float8"),
+)  # fmt: skip
+
+
 def raw_copy_rate(conninfo: str, samples_count: int) -> float:
     """Binary COPY of narrow sample rows, 1,000 rows per COPY and commit, one connection."""
-    import psycopg
-
-    rows = sample_rows(samples_count)
-    with psycopg.connect(conninfo) as conn:
-        conn.execute("DROP TABLE IF EXISTS bench_raw")
-        conn.execute(
-            "CREATE TABLE bench_raw (ts timestamptz, node_id int4, metric_id int4,"
-            " gpu int2, value float8)"
-        )
-        conn.commit()
-        started = time.monotonic()
-        for offset in range(0, len(rows), 1000):
-            with (
-                conn.cursor() as cursor,
-                cursor.copy("COPY bench_raw FROM STDIN (FORMAT BINARY)") as copy,
-            ):
-                copy.set_types(["timestamptz", "int4", "int4", "int2", "float8"])
-                for row in rows[offset : offset + 1000]:
-                    copy.write_row(row)
-            conn.commit()
-        elapsed = time.monotonic() - started
-        conn.execute("DROP TABLE bench_raw")
-        conn.commit()
-    return len(rows) / elapsed
+    return step_disk.raw_copy_rate(conninfo, sample_rows(samples_count), SAMPLE_COLUMNS)
 
 
 def disk_per_sample(conninfo: str, stack: BenchStack) -> dict[str, float]:

@@ -123,31 +123,33 @@ STEP_COLUMNS = (
 )  # fmt: skip
 
 
-def raw_copy_rate(conninfo: str, rows: list[tuple]) -> float:
-    """Rows/s of a binary COPY of `rows` (STEP_COLUMNS' order) into a bare table of those
-    columns, 1,000 rows per COPY and commit, one connection: the floor bench/ingest.py
-    compares its step reports with, as it does its samples."""
+def raw_copy_rate(
+    conninfo: str, rows: list[tuple], columns: tuple[tuple[str, str], ...] = STEP_COLUMNS
+) -> float:
+    """Rows/s of a binary COPY of `rows` into a bare table of `columns` ((name, COPY type),
+    in the rows' order; default STEP_COLUMNS), 1,000 rows per COPY and commit, one
+    connection: the floor bench/ingest.py compares its samples and step reports with."""
     import time
 
     import psycopg
 
-    columns = ", ".join(f"{name} {kind}" for name, kind in STEP_COLUMNS)
+    definition = ", ".join(f"{name} {kind}" for name, kind in columns)
     with psycopg.connect(conninfo, application_name="bench client") as conn:
-        conn.execute("DROP TABLE IF EXISTS bench_raw_steps")
-        conn.execute(f"CREATE TABLE bench_raw_steps ({columns})")
+        conn.execute("DROP TABLE IF EXISTS bench_raw")
+        conn.execute(f"CREATE TABLE bench_raw ({definition})")
         conn.commit()
         started = time.monotonic()
         for offset in range(0, len(rows), 1000):
             with (
                 conn.cursor() as cursor,
-                cursor.copy("COPY bench_raw_steps FROM STDIN (FORMAT BINARY)") as copy,
+                cursor.copy("COPY bench_raw FROM STDIN (FORMAT BINARY)") as copy,
             ):
-                copy.set_types([kind for _, kind in STEP_COLUMNS])
+                copy.set_types([kind for _, kind in columns])
                 for row in rows[offset : offset + 1000]:
                     copy.write_row(row)
             conn.commit()
         elapsed = time.monotonic() - started
-        conn.execute("DROP TABLE bench_raw_steps")
+        conn.execute("DROP TABLE bench_raw")
         conn.commit()
     return len(rows) / elapsed
 
