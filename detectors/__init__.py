@@ -23,7 +23,7 @@ from detectors import (
     thermal,
     xid,
 )
-from detectors.common import shared_results
+from detectors.common import StepResults, shared_results, use_step_groups
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.goodput import Goodput, goodput
 from detectors.thermal import throttle_reasons
@@ -46,13 +46,19 @@ DETECTORS: tuple[Detector, ...] = (
 
 
 def detect_all(
-    window: ClusterWindow, now: float, config: DetectorConfig | None = None
+    window: ClusterWindow,
+    now: float,
+    config: DetectorConfig | None = None,
+    kept: StepResults | None = None,
 ) -> list[Finding]:
     """Every detector's findings for `window` at `now`, ordered by (kind, subject); at most
-    one finding per (kind, subject)."""
+    one finding per (kind, subject). `kept` carries per-step results over from the previous
+    pass over the same cluster (see common.StepResults): the findings are the same."""
     config = config or DEFAULT_CONFIG
     found: dict[tuple[str, str], Finding] = {}
-    with shared_results():  # the detectors share groupings of this window, for this pass only
+    # the detectors share groupings of this window, for this pass only
+    with shared_results(kept):
+        use_step_groups(window)
         for detector in DETECTORS:
             for finding in detector(window, now, config):
                 found.setdefault((finding.kind, finding.subject), finding)
@@ -116,6 +122,7 @@ __all__ = [
     "DetectorConfig",
     "Finding",
     "Goodput",
+    "StepResults",
     "detect_all",
     "goodput",
     "throttle_reasons",

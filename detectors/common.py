@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import partial
 from itertools import groupby
 from operator import attrgetter, itemgetter
 from typing import TypeVar
@@ -52,17 +53,79 @@ _MEMO: ContextVar[dict[tuple[str, int], tuple[object, object]] | None] = Context
 
 
 @contextmanager
-def shared_results() -> Iterator[None]:
+def shared_results(kept: StepResults | None = None) -> Iterator[None]:
     """Share grouped and indexed results between the detectors for the duration of the
-    block (one pass over one window); nested blocks share the outer one's."""
+    block (one pass over one window); nested blocks share the outer one's. With `kept`, the
+    per-step results (`per_step`) also carry over from the previous pass that used it."""
     if _MEMO.get() is not None:
         yield
         return
-    token = _MEMO.set({})
+    token, kept_token = _MEMO.set({}), _KEPT.set(kept)
     try:
         yield
     finally:
         _MEMO.reset(token)
+        _KEPT.reset(kept_token)
+        if kept is not None:
+            kept.end_pass()
+
+
+class StepResults:
+    """Per-step results kept from one pass to the next (see `per_step`). A window loader
+    that keeps a run's unchanged steps hands the very same row lists to the next pass
+    (`RunWindow.by_step`); a result is keyed by its list's identity and holds the list, so
+    it is found again only for those rows, and a step whose rows changed (a new list) is
+    computed afresh. What a pass did not ask for is dropped when it ends: the store holds
+    about one window's worth. The results are those of pure functions of the rows: a pass
+    with kept results finds what one without them would."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, int], tuple[object, object]] = {}
+        self._used: dict[tuple[str, int], tuple[object, object]] = {}
+
+    def get(self, name: str, rows: Sequence[StepRow], build: Callable[[], T]) -> T:
+        key = (name, id(rows))
+        hit = self._used.get(key) or self._entries.get(key)
+        if hit is None or hit[0] is not rows:
+            hit = (rows, build())
+        self._used[key] = hit
+        return hit[1]  # type: ignore[return-value]
+
+    def end_pass(self) -> None:
+        self._entries, self._used = self._used, {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_KEPT: ContextVar[StepResults | None] = ContextVar("detectors_kept", default=None)
+
+
+def per_step(name: str, rows: Sequence[StepRow], build: Callable[[], T]) -> T:
+    """`build()`, a pure function of one step's `rows` named `name` (with any parameter it
+    reads in the name), kept between passes when the pass keeps results (`shared_results`);
+    computed each time otherwise."""
+    kept = _KEPT.get()
+    return build() if kept is None else kept.get(name, rows, build)
+
+
+def use_step_groups(window: ClusterWindow) -> None:
+    """Within a pass, `by_step(run.steps)` answers with the groups the loader kept
+    (`RunWindow.by_step`, the same grouping) rather than grouping the rows again."""
+    memo = _MEMO.get()
+    if memo is None:
+        return
+    for run in window.runs:
+        if run.by_step is not None:
+            memo[("by_step", id(run.steps))] = (run.steps, dict(run.by_step))
+            nodes: dict[int, str] = {}
+            for rows in run.by_step.values():  # in step order: a rank's last row wins
+                nodes.update(per_step("row_nodes", rows, partial(_rank_to_node, rows)))
+            memo[("row_nodes", id(run.steps))] = (run.steps, nodes)
+
+
+def _rank_to_node(rows: Sequence[StepRow]) -> dict[int, str]:
+    return dict(zip(map(_RANK, rows), map(_NODE, rows), strict=True))
 
 
 def _memo(name: str, key: tuple[object, ...], build: Callable[[], T]) -> T:
@@ -97,11 +160,18 @@ def by_step(steps: Iterable[StepRow]) -> dict[int, list[StepRow]]:
     return _memo("by_step", steps, build) if isinstance(steps, tuple) else build()
 
 
+def _median_step_time(rows: Sequence[StepRow]) -> float:
+    return median(list(map(_STEP_TIME, rows)))
+
+
 def step_times(steps: tuple[StepRow, ...]) -> dict[int, float]:
     """step → the median step_time of its rows (see `by_step`; shared: do not change)."""
 
     def build() -> dict[int, float]:
-        return {n: median(list(map(_STEP_TIME, rows))) for n, rows in by_step(steps).items()}
+        return {
+            n: per_step("step_time", rows, partial(_median_step_time, rows))
+            for n, rows in by_step(steps).items()
+        }
 
     return _memo("step_times", steps, build)
 
@@ -143,10 +213,7 @@ def row_nodes(steps: tuple[StepRow, ...]) -> dict[int, str]:
     """rank → node as the rows say (a rank's last row wins), for every rank with a row. Do
     not change the result: it is shared."""
 
-    def build() -> dict[int, str]:
-        return dict(zip(map(_RANK, steps), map(_NODE, steps), strict=True))
-
-    return _memo("row_nodes", steps, build)
+    return _memo("row_nodes", steps, partial(_rank_to_node, steps))
 
 
 def rank_nodes(run: RunWindow) -> dict[int, str]:

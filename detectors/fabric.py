@@ -26,6 +26,7 @@ from detectors.common import (
     comms_of,
     computes_of,
     median,
+    per_step,
     rank_nodes,
     run_subject,
     step_times,
@@ -44,6 +45,10 @@ def detect(
 # (collective time, median compute, the comm_waits, median step_time) of one step; the
 # comm_waits' median is taken only for a finding's evidence (most windows raise none).
 Profile = tuple[float, float, list[float], float]
+
+
+def _kept_profile(rows: list[StepRow], step_time: float) -> Profile | None:
+    return per_step("fabric", rows, lambda: _profile(rows, step_time))
 
 
 def _profile(rows: list[StepRow], step_time: float) -> Profile | None:
@@ -87,8 +92,8 @@ def detect_run(
     n = config.fabric_steps
     if len(numbers) < 2 * n:
         return []
-    early = [p for s in numbers[:n] if (p := _profile(steps[s], times[s]))]
-    late = [p for s in numbers[-n:] if (p := _profile(steps[s], times[s]))]
+    early = [p for s in numbers[:n] if (p := _kept_profile(steps[s], times[s]))]
+    late = [p for s in numbers[-n:] if (p := _kept_profile(steps[s], times[s]))]
     if not early or not late:
         return []
     base_comm, now_comm = median([p[0] for p in early]), median([p[0] for p in late])

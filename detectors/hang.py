@@ -14,12 +14,21 @@ hang; a run that keeps stepping, however unevenly, is not.
 
 from __future__ import annotations
 
+from functools import partial
 from operator import attrgetter
 
-from detectors.common import median, rank_nodes, run_subject, step_times, unique_events
+from detectors.common import (
+    by_step,
+    median,
+    per_step,
+    rank_nodes,
+    run_subject,
+    step_times,
+    unique_events,
+)
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.heartbeat import is_silent
-from detectors.types import ClusterWindow, EventRow, Finding, RunWindow
+from detectors.types import ClusterWindow, EventRow, Finding, RunWindow, StepRow
 
 _TS = attrgetter("ts")
 
@@ -53,6 +62,10 @@ def blocking_checkpoint(run: RunWindow, after: float) -> EventRow | None:
     return min(open_, key=lambda e: e.ts) if open_ else None
 
 
+def _last_ts(rows: list[StepRow]) -> float:
+    return max(map(_TS, rows))
+
+
 def detect(
     window: ClusterWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG
 ) -> list[Finding]:
@@ -65,7 +78,10 @@ def detect(
         typical = typical_step_time(run)
         if typical is None:
             continue  # never stepped in the window: nothing to measure a stall from
-        last_at = max(map(_TS, run.steps))
+        last_at = max(
+            per_step("last_ts", rows, partial(_last_ts, rows))
+            for rows in by_step(run.steps).values()
+        )
         limit = max(config.hang_factor * typical, config.hang_min_s)
         stalled = now - last_at
         if stalled <= limit:

@@ -16,6 +16,7 @@ however a few of them jitter. The host signal counts as sustained when at least
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from detectors.common import (
@@ -24,6 +25,7 @@ from detectors.common import (
     node_runs,
     node_subject,
     pct,
+    per_step,
     rank_nodes,
     run_subject,
     series_index,
@@ -80,12 +82,11 @@ def _from_steps(run: RunWindow, config: DetectorConfig) -> dict[str, dict[str, A
     recent = sorted(steps)[-config.input_steps :]
     if len(recent) < config.input_steps:
         return {}
-    rows = [r for n in recent for r in steps[n] if r.step_time > 0]
     # No single report over the share: no node's median can be either.
-    if all(
-        (r.data_time or 0.0) + (r.h2d_time or 0.0) < config.input_share * r.step_time for r in rows
-    ):
+    limit = config.input_share
+    if not any(per_step(f"input_over:{limit}", steps[n], _over(steps[n], limit)) for n in recent):
         return {}
+    rows = [r for n in recent for r in steps[n] if r.step_time > 0]
     rows_of: dict[str, list[StepRow]] = defaultdict(list)
     for row in rows:
         if row.data_time is not None or row.h2d_time is not None:
@@ -114,6 +115,15 @@ def _from_steps(run: RunWindow, config: DetectorConfig) -> dict[str, dict[str, A
                 "since": min(r.ts for r in node_rows),
             }
     return out
+
+
+def _over(rows: list[StepRow], share: float) -> Callable[[], bool]:
+    """Whether any report of the step waits for input `share` of its step or more."""
+    return lambda: any(
+        (r.data_time or 0.0) + (r.h2d_time or 0.0) >= share * r.step_time
+        for r in rows
+        if r.step_time > 0
+    )
 
 
 def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:

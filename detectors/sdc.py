@@ -9,11 +9,19 @@ group is suspect; which evidence disagreed says what went wrong.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from detectors.common import by_step, median, rank_nodes, rel_diff, row_nodes, run_subject
+from detectors.common import (
+    by_step,
+    median,
+    per_step,
+    rank_nodes,
+    rel_diff,
+    row_nodes,
+    run_subject,
+)
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
 
@@ -54,9 +62,7 @@ def detect_run(
     groups: dict[tuple[int, str | None], dict[int, StepRow]] = defaultdict(dict)
     members: dict[str | None, set[int]] = defaultdict(set)
     checked = [
-        row
-        for row in run.steps
-        if row.grad_checksum or row.param_checksum or row.canary_norm is not None
+        row for rows in by_step(run.steps).values() for row in per_step("sdc", rows, _checked(rows))
     ]
     for row in checked:
         groups[(row.step, row.shard)][row.rank] = row
@@ -91,6 +97,15 @@ def detect_run(
             suspects[rank].checked.add(step)
     nodes = rank_nodes(run)
     return [_finding(run.run, r, nodes.get(r), suspects[r], config) for r in sorted(suspects)]
+
+
+def _checked(rows: list[StepRow]) -> Callable[[], list[StepRow]]:
+    """The step's reports that carry a check."""
+    return lambda: [
+        row
+        for row in rows
+        if row.grad_checksum or row.param_checksum or row.canary_norm is not None
+    ]
 
 
 def _settled(steps: tuple[StepRow, ...]) -> int:

@@ -41,11 +41,21 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from math import ceil, log
 from operator import attrgetter
 from typing import NamedTuple, cast
 
-from detectors.common import by_step, computes_of, median, pct, rank_nodes, run_subject, step_times
+from detectors.common import (
+    by_step,
+    computes_of,
+    median,
+    pct,
+    per_step,
+    rank_nodes,
+    run_subject,
+    step_times,
+)
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
 
@@ -162,22 +172,11 @@ class _Ratios:
             number = self.numbers[self.cursor]
             self.cursor += 1
             rows: list[StepRow] = self.by_step[number]
-            values = computes_of(rows)
-            if None in values:
-                rows = [r for r, v in zip(rows, values, strict=True) if v is not None]
-            computes = [v for v in values if v is not None] if len(rows) < len(values) else values
-            ranks = list(map(_RANK, rows))
-            # Ranks mostly report in the same order every step: then the index is the same.
             last = self.steps[-1] if self.steps else None
-            if last is not None and last.ranks == ranks:
-                at = last.at
-            else:
-                at = dict(zip(ranks, range(len(ranks)), strict=True))
-            if len(at) >= 2:  # no peers to compare with: neither evidence nor a break
-                known = cast(list[float], computes)
-                unique = known if len(at) == len(ranks) else [known[i] for i in at.values()]
-                step_time = self.step_times[number]
-                self.steps.append(_Step(number, rows, ranks, known, at, sorted(unique), step_time))
+            step_time = self.step_times[number]
+            step = per_step("straggler", rows, partial(_step_of, number, rows, step_time, last))
+            if step is not None:
+                self.steps.append(step)
         return self.steps[i] if i < len(self.steps) else None
 
     def point(self, i: int, rank: int) -> _Point | None:
@@ -306,6 +305,28 @@ class _Ratios:
             first, first_points = older[0], older[1][0]
         since = next(p for p in reversed(first_points) if p.ratio >= self.limit)
         return _Held(points=held[0], slow=held[1], since=since, holds_now=end == 0)
+
+
+def _step_of(
+    number: int, rows: list[StepRow], step_time: float, last: _Step | None
+) -> _Step | None:
+    """The step's reports with a compute (None without two ranks to compare: neither
+    evidence nor a break); `last`, the step built before it, lends its rank index when the
+    ranks reported in the same order (they mostly do)."""
+    values = computes_of(rows)
+    if None in values:
+        rows = [r for r, v in zip(rows, values, strict=True) if v is not None]
+    computes = [v for v in values if v is not None] if len(rows) < len(values) else values
+    ranks = list(map(_RANK, rows))
+    if last is not None and last.ranks == ranks:
+        at = last.at
+    else:
+        at = dict(zip(ranks, range(len(ranks)), strict=True))
+    if len(at) < 2:
+        return None
+    known = cast(list[float], computes)
+    unique = known if len(at) == len(ranks) else [known[i] for i in at.values()]
+    return _Step(number, rows, ranks, known, at, sorted(unique), step_time)
 
 
 def _median_without(ordered: list[float], value: float) -> float:

@@ -85,6 +85,10 @@ class RunWindow:
     steps: tuple[StepRow, ...]
     events: tuple[EventRow, ...]
     rank_nodes: Mapping[int, str] = field(default_factory=dict)  # rank → node
+    # `steps` grouped by step number (what common.by_step would build), when the loader
+    # keeps them between passes: an unchanged step is the same list from pass to pass, so
+    # its per-step results carry over (common.StepResults). Never changed once handed over.
+    by_step: Mapping[int, list[StepRow]] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

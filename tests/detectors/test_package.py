@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,39 @@ def test_by_step_groups_rows_in_any_order_as_one_by_one_grouping(numbers):
     got = by_step(rows)
     assert got == expected and list(got) == list(expected)
     assert by_step(iter(rows)) == expected  # a one-shot iterable too
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    slow=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 89)), max_size=60),
+    hungry=st.lists(st.integers(0, 89), max_size=30),
+    moves=st.lists(st.integers(1, 12), min_size=3, max_size=8),
+    rewritten=st.integers(0, 59),
+)
+def test_kept_results_find_what_a_fresh_pass_finds(slow, hungry, moves, rewritten):
+    """Windows sliding over a run with stragglers and input stalls that come and go, and a
+    step whose reports change between passes (a new list, as the loader hands it over):
+    every pass with kept per-step results equals a pass from nothing."""
+    slow_at, hungry_at = set(slow), set(hungry)
+    rows = steps(
+        ranks=8,
+        count=150,
+        compute=lambda rank, step: 0.8 * (1.4 if (rank, step % 90) in slow_at else 1.0),
+        data=lambda rank, step: 0.5 if step % 90 in hungry_at else 0.03,
+    )
+    grouped = by_step(rows)
+    kept = detectors.StepResults()
+    start = 0
+    for index, move in enumerate(moves):
+        start += move
+        numbers = sorted(grouped)[start : start + 60]
+        window_steps = {n: grouped[n] for n in numbers}
+        if index == 1 and rewritten < len(numbers):  # a late report changed one step
+            n = numbers[rewritten]
+            window_steps[n] = [row._replace(compute_time=1.3) for row in grouped[n]]
+        flat = tuple(row for group in window_steps.values() for row in group)
+        fresh = cluster(run(flat))
+        kept_window = cluster(replace(run(flat), by_step=window_steps))
+        now = last_ts(flat) + 1
+        assert detectors.detect_all(kept_window, now, kept=kept) == detectors.detect_all(fresh, now)
+    assert len(kept) > 0
