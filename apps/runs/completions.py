@@ -7,7 +7,7 @@ start of a rank's step. Goodput reads the run's last ALERT_STEP_WINDOW steps of 
 16,384 ranks that was 2 M reports and three sorts a step, seconds a read.
 
 Writes: `steps_store` marks the steps it stored (`runs_completiondirty`: run, first and last
-step) in ingest's transaction, and `completions_refresh` (a periodic task, every
+step) in ingest's transaction (apps.runs.changes), and `completions_refresh` (a periodic task, every
 STEP_COMPLETIONS_INTERVAL) claims the marks, merges them into islands of step numbers per
 run and recomputes those steps' completions from every raw report of those numbers, in one
 transaction: a reader sees either the mark or the new rows. Recomputed, never merged, so a
@@ -23,8 +23,6 @@ costs the window's rows plus what arrived since the last refresh.
 from __future__ import annotations
 
 from django.db import connection, transaction
-
-from apps.core.db import server_cursor
 
 COMPLETIONS_LOCK_KEY = 0x0B5C3
 # Marks a refresh claims: ingest writes one per batch and run, ~2,000 a second for a
@@ -163,20 +161,6 @@ UNION ALL
 SELECT step, end_ts, step_time, data, first_start, epoch, tokens FROM stored
 WHERE step NOT IN (SELECT step FROM misfit)
 ORDER BY 6, 1"""
-
-
-def completions_mark_dirty(*, steps: dict[int, tuple[int, int]]) -> None:
-    """Record run id → (first step, last step) of step reports just stored; call in the
-    transaction that stored them."""
-    if not steps:
-        return
-    runs = sorted(steps)
-    with server_cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO runs_completiondirty (run_id, s0, s1)"
-            " SELECT * FROM unnest(%b::int8[], %b::int8[], %b::int8[])",
-            [runs, [steps[r][0] for r in runs], [steps[r][1] for r in runs]],
-        )
 
 
 def completions_refresh(*, limit: int = CLAIM_MARKS, max_rounds: int = 20) -> int:

@@ -13,10 +13,10 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from apps.core.times import to_datetime
+from apps.runs.changes import steps_mark_changed
 from apps.runs.choices import ENDED_STATES, RunState
 from apps.runs.chunks import DURATION_DECIMALS, STEP_FIELDS
 from apps.runs.compaction import STEP_TYPES, steps_unseal
-from apps.runs.completions import completions_mark_dirty
 from apps.runs.models import Run
 
 
@@ -123,7 +123,7 @@ def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> StepsStored:
     """COPY step reports given as (run id, node id, step record), in the caller's
     transaction; a report that lands in a compacted window unseals it (steps_unseal).
     Durations are stored to the microsecond (`_duration`); the stored step numbers are
-    marked for the completions' refresh (apps.runs.completions).
+    marked for the completions' refresh and in the step change log (apps.runs.changes).
     Marking the ranges for the rollups is the caller's step (the ingest store
     step), so runs never calls into history."""
     if not steps:
@@ -167,7 +167,7 @@ def steps_store(*, steps: list[tuple[int, int, dict[str, Any]]]) -> StepsStored:
                 )
             )
     steps_unseal(ranges=dirty, now=timezone.now())
-    completions_mark_dirty(steps=numbers)
+    steps_mark_changed(steps=numbers)
     return StepsStored(len(steps), dirty)
 
 

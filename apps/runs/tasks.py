@@ -4,6 +4,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from apps.core.db_nice import background_db
+from apps.runs.changes import step_changes_prune
 from apps.runs.compaction import steps_compact
 from apps.runs.completions import completions_refresh
 from apps.runs.retention import run_events_prune
@@ -24,6 +25,8 @@ def prune_events() -> dict:
 
 @shared_task(name="runs.completions_refresh", ignore_result=True)
 def refresh_completions() -> int:
-    """The step completions of the steps ingest marked (beat, STEP_COMPLETIONS_INTERVAL)."""
+    """The step completions of the steps ingest marked, and the step change log pruned
+    (beat, STEP_COMPLETIONS_INTERVAL)."""
     with background_db():
+        step_changes_prune()
         return completions_refresh()
