@@ -8,30 +8,27 @@ those timestamps, as if every record had arrived at the moment it carries.
 
 from __future__ import annotations
 
-from collections import Counter
 from datetime import UTC, datetime
-from functools import partial
-from itertools import groupby
-from operator import itemgetter
-from typing import Any
+from itertools import chain
 
 from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
+from apps.alerts.selectors.kept import KeptSteps, steps_kept
 from apps.alerts.selectors.replay import (
     INTERVAL_LOOKBACK_S,
     replay_intervals,
     replay_last_seen,
     replay_runs,
 )
+from apps.alerts.selectors.steps import steps_load
 from apps.clusters.models import Cluster, Node
-from apps.core.db import query_logged, server_cursor
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
 from apps.runs.selectors import event_row, run_events_recent
 from apps.telemetry.selectors import series_points
-from detectors.types import ClusterWindow, NodeSeen, RunWindow, Series, StepRow
+from detectors.types import ClusterWindow, NodeSeen, RunWindow, Series
 
 # The metrics the detectors read (thermal, power, oom_risk, input_bound, ...).
 WINDOW_METRICS = (
@@ -54,11 +51,14 @@ def ts(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
-def cluster_window(*, cluster: Cluster, now: float, as_of: bool = False) -> ClusterWindow:
+def cluster_window(
+    *, cluster: Cluster, now: float, as_of: bool = False, kept: KeptSteps | None = None
+) -> ClusterWindow:
     """Everything the detectors look at for one cluster, in a bounded number of queries
     whatever its size: nodes, active runs (the last ALERT_STEP_WINDOW steps of every rank),
     node events, and recent telemetry of WINDOW_METRICS. With `as_of`, the window as it
-    stood at a past `now` (see the module docstring)."""
+    stood at a past `now` (see the module docstring). A live window with `kept` reads only
+    the steps that changed since the pass that left it (apps.alerts.selectors.kept)."""
     everyone = list(
         Node.objects.filter(cluster=cluster).only("id", "name", "state", "last_seen", "has_agent")
     )
@@ -83,7 +83,7 @@ def cluster_window(*, cluster: Cluster, now: float, as_of: bool = False) -> Clus
         node_events = node_events.filter(ts__lte=_at(now))
     return ClusterWindow(
         cluster=cluster.name,
-        runs=tuple(_run_windows(names=names, now=now, runs=runs, started=started)),
+        runs=tuple(_run_windows(names=names, now=now, runs=runs, started=started, kept=kept)),
         telemetry=tuple(telemetry),
         nodes=tuple(
             NodeSeen(
@@ -121,155 +121,44 @@ def _at(value: float) -> datetime:
 
 
 def _run_windows(
-    *, names: dict[int, str], now: float, runs: list[Run], started: dict[int, float] | None = None
+    *,
+    names: dict[int, str],
+    now: float,
+    runs: list[Run],
+    started: dict[int, float] | None = None,
+    kept: KeptSteps | None = None,
 ) -> list[RunWindow]:
     """`started` (as of a past now): each run's start from its data, and every row read is
-    at or before `now`; None: live, the run's created_at and its latest rows."""
+    at or before `now`; None: live, the run's created_at and its latest rows, updating the
+    steps `kept` from this worker's last pass when given (apps.alerts.selectors.kept)."""
     if not runs:
         return []
     until = None if started is None else now
-    steps = _steps(runs, names=names, until=until)
+    groups = None
+    if kept is not None and until is None:
+        groups = steps_kept(runs, names=names, kept=kept)
+    steps = steps_load(runs, names=names, until=until) if groups is None else {}
     events = run_events_recent(runs, now, until=until)
     windows = []
     for run in runs:
-        rows = steps.get(run.id, [])
-        rank_nodes = {row.rank: row.node for row in rows}  # oldest first: the latest wins
+        if groups is not None:  # the rows say which rank is where (common.rank_nodes)
+            by_step = groups[run.id]
+            rows, rank_nodes = tuple(chain.from_iterable(by_step.values())), {}
+        else:
+            by_step, rows = None, tuple(steps.get(run.id, ()))
+            rank_nodes = {row.rank: row.node for row in rows}  # oldest first: the latest wins
         windows.append(
             RunWindow(
                 run=run.name,
                 world_size=run.world_size,
                 started_at=ts(run.created_at) if started is None else started.get(run.id),
-                steps=tuple(rows),
+                steps=rows,
                 events=tuple(event_row(event, names) for event in events.get(run.id, ())),
                 rank_nodes=rank_nodes,
+                by_step=by_step,
             )
         )
     return windows
-
-
-# StepRow's fields after `node`, in its order, as stored columns: rows load positionally, and
-# ts as epoch seconds (a float loads far faster than a timestamptz: 30 k rows a window).
-# date_part, not extract: extract's numeric cost Postgres 7 ms of a pass's 30 k rows, and
-# both are the double nearest the exact seconds (one correctly rounded division).
-_STEPROW_FIELDS = list(StepRow._fields)[1:]
-_STEPROW_COLUMNS = ", ".join(
-    "date_part('epoch', ts)" if name == "ts" else name for name in _STEPROW_FIELDS
-)
-_CANARY_PROJ = _STEPROW_FIELDS.index("canary_proj") + 2  # after run_id and the node id
-_RANK, _STEP, _TS = (1 + StepRow._fields.index(name) for name in ("rank", "step", "ts"))
-# StepRow._make without its length check (the columns are its fields)
-_step_row = partial(tuple.__new__, StepRow)
-# A rank reports a step once per timeline; twice covers a restart inside the window.
-STEP_REPORTS_PER_RANK_STEP = 2
-
-
-def _steps(
-    runs: list[Run], *, names: dict[int, str], until: float | None
-) -> dict[int, list[StepRow]]:
-    """The last ALERT_STEP_WINDOW steps of every rank of each run (reported at or before
-    `until`, if given), ordered by step, rank, then time, at most world size ×
-    ALERT_STEP_WINDOW × STEP_REPORTS_PER_RANK_STEP reports a run: one statement, a run's
-    index range each (rows become StepRows without a model)."""
-    caps = {run.id: _reports_cap(run) for run in runs}
-    rows = _steps_fetch(runs, until, ordered=False, caps=caps)
-    # A run over its cap (ranks that report steps again and again) is read once more, its
-    # highest steps' newest reports only; the usual window needs no sort in Postgres.
-    counts = Counter(map(itemgetter(0), rows))
-    over = [run for run in runs if counts[run.id] > caps[run.id]]
-    if over:
-        ids = {run.id for run in over}
-        rows = [row for row in rows if row[0] not in ids]
-        rows += _steps_fetch(over, until, ordered=True, caps=caps)
-    # Sorted here, not by an ORDER BY: Postgres sorted the wide rows on disk (past
-    # work_mem) for ~10 ms a pass; Python sorts the tuples in place in less than half that.
-    rows.sort(key=itemgetter(0, _STEP, _RANK, _TS))
-    return _step_rows(rows, names)
-
-
-def _reports_cap(run: Run) -> int:
-    return max(1, run.world_size) * settings.ALERT_STEP_WINDOW * STEP_REPORTS_PER_RANK_STEP
-
-
-def _steps_fetch(
-    runs: list[Run], until: float | None, *, ordered: bool, caps: dict[int, int]
-) -> list[tuple]:
-    """(run_id, node_id, StepRow's fields after node...) rows of each run's window: unordered
-    up to its cap + 1 (one more than the cap says it was over), or `ordered`, its cap's
-    highest steps' newest."""
-    sql, params = _steps_query(runs, until, ordered=ordered, caps=caps)
-    # binary: floats and integers load without text parsing on either side (a pass's
-    # 30 k reports cost Postgres ~20 ms of output formatting and the worker as much again)
-    with query_logged(connection, sql), server_cursor() as cursor:
-        cursor.execute(sql, params, binary=True, prepare=False)
-        return cursor.fetchall()
-
-
-def _steps_query(
-    runs: list[Run], until: float | None, *, ordered: bool, caps: dict[int, int]
-) -> tuple[str, list[Any]]:
-    # One branch per run with its own bounds, bound to a statement never prepared (psycopg
-    # prepares one run 5 times, and a generic plan does not know the bounds): the planner sees
-    # how few rows `step > n` leaves (a join against unnest()'d bounds hid them, and on a 22
-    # M-report table it chose a parallel scan of every row: 22 s). Only the run's current
-    # timeline: after a restart (its step counter went back) the old timeline's reports of the
-    # same step numbers are history, not progress. At most world size × ALERT_STEP_WINDOW ×
-    # STEP_REPORTS_PER_RANK_STEP reports a run: the whole window of a run whose ranks report
-    # each step once per timeline; a rank that reports one step again and again (the soak's
-    # batches all say step 100) made every pass read every report since the run started
-    # (docs/faults.md, 10). Unordered, a branch stops at one report past that cap; ordered
-    # (a run over its cap), it keeps the highest steps' newest. The node's id, not a join to
-    # its name: the names are at hand, and the join's 30 k lookups cost Postgres ~20 ms.
-    branch = (
-        f"(SELECT run_id, node_id, {_STEPROW_COLUMNS} FROM runs_stepreport"
-        " WHERE run_id = %s AND step > %s AND ts > %s"
-        + ("" if until is None else " AND ts <= to_timestamp(%s)")
-        + (" ORDER BY step DESC, ts DESC" if ordered else "")
-        + " LIMIT %s)"
-    )
-    params: list[Any] = []
-    for run in runs:
-        params += [run.id, (run.last_step or 0) - settings.ALERT_STEP_WINDOW, _after(run, until)]
-        params += [] if until is None else [until]
-        params.append(caps[run.id] + (0 if ordered else 1))
-    return " UNION ALL ".join([branch] * len(runs)), params
-
-
-def _step_rows(rows: list[tuple], names: dict[int, str]) -> dict[int, list[StepRow]]:
-    """Each run's StepRows of (run_id, node_id, fields after node...) rows ordered by run;
-    one comprehension, no loop body per row (30 k a window: the per-row work is most of
-    the window's Python; building columns and zipping them back cost more)."""
-    node = _NodeNames(names)
-    return {
-        run_id: [
-            _step_row((node[row[1]], *row[2:]))
-            if row[_CANARY_PROJ] is None
-            else _with_canary(row, node)
-            for row in group
-        ]
-        for run_id, group in groupby(rows, itemgetter(0))
-    }
-
-
-class _NodeNames(dict[int, str]):
-    """Node id → name; an id the cluster's nodes lack reads as itself."""
-
-    def __missing__(self, node_id: int) -> str:
-        return str(node_id)
-
-
-def _with_canary(row: tuple, names: dict[int, str]) -> StepRow:
-    node = names[row[1]]
-    proj = tuple(row[_CANARY_PROJ])
-    return _step_row((node, *row[2:_CANARY_PROJ], proj, *row[_CANARY_PROJ + 1 :]))
-
-
-def _after(run: Run, until: float | None) -> datetime:
-    """Reports after this are the run's current timeline (as of `until`, when replaying:
-    a restart later than that had not happened yet)."""
-    after = run.timeline_after
-    if after is None or (until is not None and after.timestamp() >= until):
-        return datetime.min.replace(tzinfo=UTC)
-    return after
 
 
 def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]:
