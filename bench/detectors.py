@@ -18,11 +18,14 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
+from itertools import chain
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from detectors import DETECTORS, detect_all  # noqa: E402
+from detectors import DETECTORS, StepResults, detect_all  # noqa: E402
+from detectors.common import by_step, row_nodes, shared_results, use_step_groups  # noqa: E402
 from detectors.config import DEFAULT_CONFIG  # noqa: E402
 from detectors.goodput import goodput  # noqa: E402
 from detectors.types import (  # noqa: E402
@@ -61,13 +64,13 @@ HOST_METRICS = {
 }
 
 
-def build(seed: int = 0, nodes: int = NODES) -> tuple[ClusterWindow, float]:
+def build(seed: int = 0, nodes: int = NODES, steps: int = STEPS) -> tuple[ClusterWindow, float]:
     rng = random.Random(seed)
     ranks = nodes * GPUS
     node = [f"node-{r // GPUS:03d}" for r in range(ranks)]
     rows = []
     t = T0
-    for step in range(STEPS):
+    for step in range(steps):
         ready = {}
         for r in range(ranks):
             compute = 0.80 * (1 + 0.01 * rng.uniform(-1, 1)) * (1.35 if r == 517 else 1.0)
@@ -135,6 +138,59 @@ def build(seed: int = 0, nodes: int = NODES) -> tuple[ClusterWindow, float]:
     return ClusterWindow("bench", (run,), tuple(telemetry), seen, ()), now
 
 
+def shifted(window: ClusterWindow, start: int, count: int) -> ClusterWindow:
+    """The window with only steps [start, start + count) of its run, grouped as the live
+    loader keeps them (RunWindow.by_step): the lists are the same objects in every window
+    cut from one `grouped`, as the live loader hands over a step that did not change."""
+    run = window.runs[0]
+    grouped = _GROUPS.setdefault(id(run), by_step(run.steps))
+    kept = {n: grouped[n] for n in sorted(grouped)[start : start + count]}
+    steps = tuple(chain.from_iterable(kept.values()))
+    cut = replace(run, steps=steps, by_step=kept, rank_nodes=row_nodes(steps))
+    return replace(window, runs=(cut,))
+
+
+_GROUPS: dict[int, dict] = {}
+
+
+def incremental(window: ClusterWindow, now: float, new_steps: int) -> None:
+    """CPU of a pass that keeps per-step results (detectors.StepResults) after `new_steps`
+    steps arrived since the previous one, against a pass from cold, over the same window."""
+    kept = StepResults()
+    cold, warm = [], []
+    for i in range(6):
+        before = shifted(window, i * new_steps, STEPS)
+        after = shifted(window, (i + 1) * new_steps, STEPS)
+        assert detect_all(after, now) == detect_all(after, now, kept=StepResults())
+        detect_all(before, now, kept=kept)
+        start = time.process_time()
+        detect_all(after, now, kept=kept)
+        warm.append((time.process_time() - start) * 1000)
+        start = time.process_time()
+        detect_all(after, now)
+        cold.append((time.process_time() - start) * 1000)
+    ratio = statistics.median(warm) / statistics.median(cold)
+    print(
+        f"detect_all, {new_steps} new steps since the last pass: kept results "
+        f"{statistics.median(warm):.1f} ms median ({min(warm):.1f} best), from cold "
+        f"{statistics.median(cold):.1f} ms median, ratio {ratio:.2f}"
+    )
+    for detector in DETECTORS:
+        ms = []
+        for i in range(3):
+            before = shifted(window, i * new_steps, STEPS)
+            after = shifted(window, (i + 1) * new_steps, STEPS)
+            with shared_results(kept):
+                use_step_groups(before)
+                detector(before, now, DEFAULT_CONFIG)
+            start = time.process_time()
+            with shared_results(kept):
+                use_step_groups(after)
+                detector(after, now, DEFAULT_CONFIG)
+            ms.append((time.process_time() - start) * 1000)
+        print(f"  {detector.__module__:<24} {statistics.median(ms):6.1f} ms (kept)")
+
+
 def timed(fn, repeat: int) -> list[float]:
     """CPU milliseconds of each of `repeat` calls, each from a cold cache (as a fresh
     window would be: a pass's shared results live only inside its detect_all)."""
@@ -154,6 +210,12 @@ def main() -> None:
         type=int,
         help="N clusters, a task each, on 2 periodic workers (bench/detectors_fleet.py)",
     )
+    parser.add_argument(
+        "--new-steps",
+        type=int,
+        default=5,
+        help="steps arrived between two passes, for the pass with kept results (5)",
+    )
     parser.add_argument("--ticks", type=int, default=6, help="with --clusters: beat ticks (6)")
     parser.add_argument(
         "--sample-interval", type=float, default=10.0, help="with --clusters: seconds (10)"
@@ -171,7 +233,9 @@ def main() -> None:
         return
     args.ranks = args.ranks or NODES * GPUS
     started = time.perf_counter()
-    window, now = build(nodes=max(1, args.ranks // GPUS))
+    extra = 7 * args.new_steps  # the incremental passes slide the window this far
+    full, now = build(nodes=max(1, args.ranks // GPUS), steps=STEPS + extra)
+    window = shifted(full, extra, STEPS)
     rows = len(window.runs[0].steps)
     points = sum(len(s.points) for s in window.telemetry)
     print(
@@ -191,6 +255,7 @@ def main() -> None:
         print(f"  {detector.__module__:<24} {ms:6.1f} ms")
     ms = statistics.median(timed(lambda: goodput(window.runs[0], now), 5))
     print(f"  {'detectors.goodput':<24} {ms:6.1f} ms")
+    incremental(full, now, args.new_steps)
 
 
 if __name__ == "__main__":
