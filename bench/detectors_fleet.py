@@ -25,7 +25,7 @@ from typing import Any
 
 import bench.common as common
 from bench.common import LOG_DIR, ROOT, percentile, prepare_database
-from bench.pages_seed import _STEPS_SQL, UNLOGGED_TABLES, tables_unlogged
+from bench.pages_seed import STEPS_SQL, UNLOGGED_TABLES, tables_unlogged
 
 GPUS, STEPS, WORKERS, WARM_UP_TICKS = 8, 130, 2, 2
 TELEMETRY_S = 600
@@ -78,7 +78,7 @@ def seed(*, conninfo: str, clusters: int, ranks: int, now: float, interval: floa
             )  # fmt: skip
             node_ids = [node.id for node in nodes]
             conn.execute(
-                _STEPS_SQL,
+                STEPS_SQL,
                 {"lo": int(now) - STEPS, "hi": int(now), "first": int(now) - STEPS,
                  "run": run.id, "nodes": node_ids, "slow": ranks // 2, "ranks": ranks},
             )  # fmt: skip

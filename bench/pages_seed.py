@@ -38,7 +38,7 @@ JOIN bench_pattern p ON p.pattern = (n.id * 8 + g + w / 600) %% 16
 """
 # One report per rank per second, naming its GPU (as the reporter does: LOCAL_RANK); rank
 # SLOW_RANK is 35 % slower, the others wait for it.
-_STEPS_SQL = """
+STEPS_SQL = """
 INSERT INTO runs_stepreport (run_id, node_id, ts, rank, step, step_time, data_time, h2d_time,
                              compute_time, comm_wait, tokens, loss, gpu)
 SELECT %(run)s, (%(nodes)s::int8[])[r / 8 + 1], to_timestamp(s), r, s - %(first)s, st, 0.05,
@@ -115,7 +115,7 @@ def seed(*, conninfo: str, start: float, end: float) -> dict[str, Any]:
         index_defs = [d.replace(" ON ONLY ", " ON ", 1) for d in index_defs]
         for name in [d.split()[2] for d in index_defs]:
             conn.execute(f"DROP INDEX {name}")
-        for what, sql in (("sample chunks", _CHUNKS_SQL), ("step reports", _STEPS_SQL)):
+        for what, sql in (("sample chunks", _CHUNKS_SQL), ("step reports", STEPS_SQL)):
             began, count = time.perf_counter(), 0
             for lo in range(int(start), int(end), SLICE_S):
                 params = {"lo": lo, "hi": min(lo + SLICE_S, int(end)), "first": int(start)}

@@ -1,0 +1,149 @@
+"""A live detector pass from Postgres, cold beside kept (issue 27): one run of N ranks seeded
+by server-side SQL (bench/pages_seed.py), then new steps arrive a few at a time and each
+pass is timed both ways on the same database at the same `now`.
+
+    python bench/kept_window.py --ranks 1024            # the default
+    python bench/kept_window.py --ranks 16384 --reps 3
+
+Prints, per way (median of the reps; wall and this process's CPU): loading the run's step
+window (cold: `steps_load`, the last ALERT_STEP_WINDOW steps of every rank; kept:
+`steps_kept`, only the steps the change log names since the last pass), loading the
+telemetry (the same both ways: not kept), `detect_all` (cold memo, or the kept per-step
+results), and their ratio. Postgres's own CPU is not included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import bench.common as common  # noqa: E402
+import bench.pages_seed as pages_seed  # noqa: E402
+from bench.common import prepare_database  # noqa: E402
+
+common.BENCH_DB = f"{common.BENCH_DB}_kept"  # its own scratch database: others drop theirs
+SEED_STEPS = 600  # the window (120 steps) below; one sealed 10-minute chunk of telemetry
+
+
+def timed(call: Callable[[], Any]) -> tuple[float, float, Any]:
+    """(wall ms, this process's CPU ms, result)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = call()
+    return (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3, result
+
+
+def steps_arrive(
+    *, conninfo: str, run_id: int, nodes: list[int], first: int, lo: int, hi: int
+) -> None:
+    """Step reports for the seconds [lo, hi) of every rank, stored and marked changed in
+    one transaction, as steps_store does; the run's last step moves on."""
+    import psycopg
+
+    params = {"lo": lo, "hi": hi, "first": first, "run": run_id, "nodes": nodes}
+    params |= {"slow": pages_seed.SLOW_RANK, "ranks": pages_seed.RANKS}
+    with psycopg.connect(conninfo) as conn:
+        conn.execute(pages_seed.STEPS_SQL, params)
+        conn.execute(
+            "UPDATE runs_run SET last_step = %s, last_step_at = to_timestamp(%s) WHERE id = %s",
+            [hi - 1 - first, hi - 1, run_id],
+        )
+        conn.execute(
+            "INSERT INTO runs_stepchange (run_id, s0, s1) VALUES (%s, %s, %s)",
+            [run_id, lo - first, hi - 1 - first],
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=1024, help="ranks, 8 a node (1,024)")
+    parser.add_argument("--reps", type=int, default=5, help="passes each way (5)")
+    parser.add_argument("--new-steps", type=int, default=5, help="steps between passes (5)")
+    args = parser.parse_args()
+    pages_seed.NODES, pages_seed.RANKS = max(1, args.ranks // pages_seed.GPUS), args.ranks
+    pages_seed.SLOW_RANK %= args.ranks
+    env, conninfo = prepare_database()
+    os.environ.update(env)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsboard.settings")
+    import django
+
+    django.setup()
+    end = float(int(time.time()) - args.reps * args.new_steps)
+    began = time.perf_counter()
+    ids = pages_seed.seed(conninfo=conninfo, start=end - SEED_STEPS, end=end)
+    print(f"seeded {args.ranks:,} ranks × {SEED_STEPS} steps in "
+          f"{time.perf_counter() - began:.0f} s", flush=True)  # fmt: skip
+    passes(args=args, ids=ids, conninfo=conninfo, end=int(end))
+
+
+def passes(*, args: argparse.Namespace, ids: dict[str, Any], conninfo: str, end: int) -> None:
+    from django.conf import settings
+
+    from apps.alerts.selectors import window as window_module
+    from apps.alerts.selectors.kept import KeptSteps, steps_kept
+    from apps.alerts.selectors.steps import steps_load
+    from apps.clusters.models import Cluster, Node
+    from apps.runs.models import Run
+    from detectors import detect_all
+
+    cluster = Cluster.objects.get(name=pages_seed.CLUSTER)
+    names = dict(Node.objects.filter(cluster=cluster).values_list("id", "name"))
+    kept = KeptSteps()
+    now = float(end)
+
+    def run() -> list[Run]:
+        return [Run.objects.get(pk=ids["run"])]
+
+    steps_kept(run(), names=names, kept=kept)  # the first pass: a whole load
+    detect_all(window_module.cluster_window(cluster=cluster, now=now, kept=kept), now,
+               kept=kept.results)  # fmt: skip
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for rep in range(args.reps):
+        lo = end + rep * args.new_steps
+        steps_arrive(conninfo=conninfo, run_id=ids["run"], nodes=ids["nodes"],
+                     first=end - SEED_STEPS, lo=lo, hi=lo + args.new_steps)  # fmt: skip
+        now = float(lo + args.new_steps)
+        cold_wall, cold_cpu, _ = timed(lambda: steps_load(run(), names=names, until=None))
+        kept_wall, kept_cpu, _ = timed(lambda: steps_kept(run(), names=names, kept=kept))
+        tel_wall, tel_cpu, _ = timed(
+            lambda: window_module._telemetry(names=names, now=now, end=now + 1.0)  # noqa: B023
+        )
+        window = window_module.cluster_window(cluster=cluster, now=now, kept=kept)
+        cold_det = timed(lambda: detect_all(window, now))  # noqa: B023
+        kept_det = timed(lambda: detect_all(window, now, kept=kept.results))  # noqa: B023
+        for key, value in (
+            ("steps cold", (cold_wall, cold_cpu)), ("steps kept", (kept_wall, kept_cpu)),
+            ("telemetry", (tel_wall, tel_cpu)), ("detect_all cold", cold_det[:2]),
+            ("detect_all kept", kept_det[:2]),
+        ):  # fmt: skip
+            rows.setdefault(key, []).append(value)
+    report(rows, args=args, window_steps=settings.ALERT_STEP_WINDOW)
+
+
+def report(rows: dict[str, list[tuple[float, float]]], *, args: Any, window_steps: int) -> None:
+    med = {key: tuple(statistics.median(v[i] for v in values) for i in (0, 1))
+           for key, values in rows.items()}  # fmt: skip
+    print(f"\n{args.ranks:,} ranks, window {window_steps} steps, {args.new_steps} new steps "
+          f"a pass, median of {args.reps} (ms; Postgres's CPU not included)")  # fmt: skip
+    print(f"{'':24}{'wall':>10}{'CPU':>10}")
+    for key, (wall, cpu) in med.items():
+        print(f"{key:24}{wall:10.1f}{cpu:10.1f}")
+    cold = [med[k] for k in ("steps cold", "telemetry", "detect_all cold")]
+    kept = [med[k] for k in ("steps kept", "telemetry", "detect_all kept")]
+    for label, parts in (("pass cold", cold), ("pass kept", kept)):
+        print(f"{label:24}{sum(p[0] for p in parts):10.1f}{sum(p[1] for p in parts):10.1f}")
+    ratio = sum(p[0] for p in kept) / max(1e-9, sum(p[0] for p in cold))
+    steps_ratio = med["steps kept"][0] / max(1e-9, med["steps cold"][0])
+    print(f"kept ÷ cold: steps {steps_ratio:.3f}, whole pass (wall) {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
