@@ -1,4 +1,4 @@
-"""The detectors' step window kept by a periodic worker between its passes over a cluster.
+"""The detectors' window kept by a periodic worker between its passes over a cluster.
 
 A 16,384-rank run's window is 2 M step reports; reloading it every pass cost 8 s of the
 worker's CPU where a pass has 5 s. Kept, a pass reads only the steps that changed since this
@@ -24,6 +24,7 @@ from operator import attrgetter
 
 from django.conf import settings
 
+from apps.alerts.selectors.kept_telemetry import KeptSeries
 from apps.alerts.selectors.steps import reports_cap, steps_in_ranges, steps_load
 from apps.runs.changes import step_changes_since, step_changes_snapshot
 from apps.runs.models import Run
@@ -45,35 +46,35 @@ class _KeptRun:
 
 
 @dataclass
-class KeptSteps:
-    """One cluster's step windows as this worker's last pass left them."""
+class KeptWindow:
+    """One cluster's window as this worker's last pass left it: its runs' steps, here, and
+    its telemetry (apps.alerts.selectors.kept_telemetry)."""
 
     watermark: int | None = None  # apps.runs.changes: the last pass's snapshot xmin
     used_at: float = 0.0  # time.monotonic() of the last pass
     runs: dict[int, _KeptRun] = field(default_factory=dict)
     results: StepResults = field(default_factory=StepResults)  # the detectors' per-step ones
+    telemetry: KeptSeries = field(default_factory=KeptSeries)
 
 
-_KEPT: dict[int, KeptSteps] = {}
+_KEPT: dict[int, KeptWindow] = {}
 
 
-def kept_steps(*, cluster_id: int) -> KeptSteps:
+def kept_window(*, cluster_id: int) -> KeptWindow:
     """This worker's kept window of the cluster (a fresh one the first time); windows of
     clusters this worker has not evaluated for KEPT_MAX_AGE_S are dropped."""
     now = time.monotonic()
     for stale in [c for c, k in _KEPT.items() if now - k.used_at > KEPT_MAX_AGE_S]:
         del _KEPT[stale]
-    return _KEPT.setdefault(cluster_id, KeptSteps())
+    return _KEPT.setdefault(cluster_id, KeptWindow())
 
 
-def steps_kept(runs: list[Run], *, names: dict[int, str], kept: KeptSteps) -> dict[int, StepGroups]:
+def steps_kept(
+    runs: list[Run], *, names: dict[int, str], kept: KeptWindow
+) -> dict[int, StepGroups]:
     """run id → its window's steps (see the module docstring), updating `kept`."""
     snapshot = step_changes_snapshot()  # before anything it vouches for is read
-    fresh = (
-        kept.watermark is not None
-        and kept.watermark > snapshot.horizon
-        and time.monotonic() - kept.used_at <= KEPT_MAX_AGE_S
-    )
+    fresh = snapshot.covers(kept.watermark) and time.monotonic() - kept.used_at <= KEPT_MAX_AGE_S
     changes = step_changes_since(run_ids=[r.id for r in runs], xid=kept.watermark) if fresh else {}
     whole: list[Run] = []
     wanted: dict[int, list[tuple[int, int]]] = {}
