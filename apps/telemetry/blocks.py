@@ -24,8 +24,10 @@ class SeriesBlocks:
     """Collects (node id, metric id, gpu, e0, offsets_ms, vals, ts_pco, vals_pco) rows,
     ordered by series then t0 (the chunks' stored order), into each series' points in
     [start, end), in time order; equal times keep the order they were stored in. With
-    `resolution` > 0, at most one point per series in each `resolution`-second slot from
-    `start`: the newest (of equal times, the one stored last)."""
+    `resolution` > 0, at most one point per series in each `resolution`-second slot of the
+    epoch (`floor(ts / resolution)`, not counted from `start`: a series' slots stay put as
+    its window slides, so a window kept between passes thins as a fresh read does): the
+    newest (of equal times, the one stored last)."""
 
     def __init__(self, *, start: float, end: float, resolution: float = 0.0) -> None:
         self.start, self.end, self.resolution = start, end, resolution
@@ -84,7 +86,7 @@ class SeriesBlocks:
         """Points ordered by (series, time) → the last of each series' slots."""
         if self.resolution <= 0 or len(ts) < 2:
             return code, ts, values
-        slot = np.floor((ts - self.start) / self.resolution)
+        slot = np.floor(ts / self.resolution)
         last = np.append((slot[1:] != slot[:-1]) | (code[1:] != code[:-1]), True)
         return code[last], ts[last], values[last]
 

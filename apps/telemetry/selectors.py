@@ -193,22 +193,67 @@ def series_points(
     of every series of these nodes and metrics that has some (one query).
 
     With `resolution` > 0, at most one point per series in each `resolution`-second slot
-    from `start`: the newest (of equal times, the one stored last). The rows are streamed
+    of the epoch: the newest (of equal times, the one stored last). The rows are streamed
     and thinned a block at a time (SeriesBlocks), so what this holds is bounded by the
     series and the span, not by how many points agents sent: the detectors' window read
     every point of a 600-second span, and a soak's dense series made it millions of Python
     tuples a pass (docs/faults.md, 10)."""
-    blocks = SeriesBlocks(start=start, end=end, resolution=resolution)
+    params = {"nodes": node_ids, "metrics": metric_ids, "start": start, "end": end}
+    return _blocks_read(
+        _MANY_SQL, params, SeriesBlocks(start=start, end=end, resolution=resolution)
+    )
+
+
+# Each node's chunks that may hold points in its own span, one node after another.
+_SPANS_SQL = f"""
+SELECT c.node_id, c.metric_id, c.gpu, extract(epoch FROM c.t0)::float8, c.offsets_ms, c.vals,
+       c.ts_pco, c.vals_pco
+FROM unnest(%(nodes)s::int4[], %(starts)s::float8[], %(ends)s::float8[]) AS r(node_id, a, b)
+CROSS JOIN LATERAL (
+    SELECT * FROM telemetry_chunk c
+    WHERE c.node_id = r.node_id AND c.metric_id = ANY(%(metrics)s)
+      AND c.t0 < to_timestamp(r.b)
+      AND c.t0 >= to_timestamp(r.a) - interval '{MAX_CHUNK_SPAN}'
+      AND c.t1 >= to_timestamp(r.a)
+) c
+ORDER BY c.node_id, c.metric_id, c.gpu, c.t0
+"""
+
+
+def series_points_in_spans(
+    *, spans: Mapping[int, tuple[float, float]], metric_ids: list[int], resolution: float = 0.0
+) -> dict[tuple[int, int, int], list[tuple[float, float]]]:
+    """As `series_points`, for each node over its own span [start, end): node id → span
+    (one query). Points of a node's chunks outside its span but inside another node's may
+    come too: callers keep what falls in each node's span."""
+    if not spans:
+        return {}
+    nodes = sorted(spans)
+    params = {
+        "nodes": nodes,
+        "starts": [spans[n][0] for n in nodes],
+        "ends": [spans[n][1] for n in nodes],
+        "metrics": metric_ids,
+    }
+    start = min(a for a, _ in spans.values())
+    end = max(b for _, b in spans.values())
+    return _blocks_read(
+        _SPANS_SQL, params, SeriesBlocks(start=start, end=end, resolution=resolution)
+    )
+
+
+def _blocks_read(
+    sql: str, params: dict[str, Any], blocks: SeriesBlocks
+) -> dict[tuple[int, int, int], list[tuple[float, float]]]:
     database = connections[read_alias()]
     database.ensure_connection()
     # a raw psycopg cursor: stream() fetches as it goes (Django's cursor fetches every row
     # of the result before the first is read), and arrays load as numpy, not Python lists
-    params = {"nodes": node_ids, "metrics": metric_ids, "start": start, "end": end}
     with (
-        query_logged(database, _MANY_SQL),
+        query_logged(database, sql),
         arrays_as_numpy(psycopg.Cursor(database.connection)) as cursor,
     ):
-        rows = cursor.stream(_MANY_SQL, params, binary=True, size=_STREAM_ROWS)
+        rows = cursor.stream(sql, params, binary=True, size=_STREAM_ROWS)
         while block := list(islice(rows, BLOCK_ROWS)):
             blocks.add(block)
     return blocks.series()

@@ -29,6 +29,7 @@ from django.db import connection, transaction
 from apps.core.codec import floats_decode, floats_encode, ints_decode, ints_encode
 from apps.core.db import server_cursor
 from apps.core.times import to_datetime
+from apps.telemetry.changes import samples_mark_changed
 from apps.telemetry.chunk_copy import SeriesRanges, chunk_rows_binary
 from apps.telemetry.columns import SampleColumns, columns_from_dicts
 from apps.telemetry.selectors import arrays_as_numpy
@@ -95,9 +96,9 @@ class SamplesStored(NamedTuple):
 
 
 def samples_store(*, series: SampleColumns) -> SamplesStored:
-    """COPY one chunk row per series (in the caller's transaction). Marking the ranges for
-    the rollups is the caller's step (the ingest store step), so telemetry never calls into
-    history."""
+    """COPY one chunk row per series (in the caller's transaction), and each node's span in
+    the sample change log (apps.telemetry.changes). Marking the ranges for the rollups is the
+    caller's step (the ingest store step), so telemetry never calls into history."""
     if not series.keys:
         return SamplesStored(0, SeriesRanges.empty())
     rows = chunk_rows_binary(
@@ -108,6 +109,7 @@ def samples_store(*, series: SampleColumns) -> SamplesStored:
         cursor.copy(f"COPY telemetry_chunk {CHUNK_COLUMNS} FROM STDIN (FORMAT BINARY)") as copy,
     ):
         copy.write(rows.stream)
+    samples_mark_changed(ranges=rows.ranges)
     return SamplesStored(rows.count, rows.ranges)
 
 
