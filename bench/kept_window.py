@@ -8,8 +8,10 @@ pass is timed both ways on the same database at the same `now`.
 Prints, per way (median of the reps; wall and this process's CPU): loading the run's step
 window (cold: `steps_load`, the last ALERT_STEP_WINDOW steps of every rank; kept:
 `steps_kept`, only the steps the change log names since the last pass), loading the
-telemetry (the same both ways: not kept), `detect_all` (cold memo, or the kept per-step
-results), and their ratio. Postgres's own CPU is not included.
+telemetry (cold: every window metric of every node, ALERT_TELEMETRY_WINDOW_S; kept:
+`telemetry_kept`, only each node's span the sample change log names), `detect_all` (cold
+memo, or the kept per-step results), and their ratio; each pass checks that the kept window
+equals the cold one. Postgres's own CPU is not included.
 """
 
 from __future__ import annotations
@@ -35,17 +37,34 @@ SEED_STEPS = 600  # the window (120 steps) below; one sealed 10-minute chunk of 
 
 
 def timed(call: Callable[[], Any]) -> tuple[float, float, Any]:
-    """(wall ms, this process's CPU ms, result)."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    result = call()
-    return (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3, result
+    """(wall ms, this process's CPU ms, result), with the cyclic collector off as a periodic
+    pass runs (apps.core.heap.gc_paused)."""
+    from apps.core.heap import gc_paused
+
+    with gc_paused():
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = call()
+        return (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3, result
 
 
-def steps_arrive(
+# A raw chunk a second of each node's GPU series (an agent's 1 Hz batch, one point each).
+_SAMPLES_SQL = """
+INSERT INTO telemetry_chunk (node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, sealed,
+                             offsets_ms, vals)
+SELECT n.id, m.id, g, to_timestamp(s), to_timestamp(s), 1, v, v, v, false, ARRAY[0], ARRAY[v]
+FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) s
+CROSS JOIN unnest(%(nodes)s::int4[]) n(id) CROSS JOIN generate_series(0, 7) g
+CROSS JOIN telemetry_metric m
+CROSS JOIN LATERAL (SELECT 60 + (s %% 7 + g)::float8 AS v) x
+WHERE m.name = ANY(%(metrics)s)
+"""
+
+
+def data_arrives(
     *, conninfo: str, run_id: int, nodes: list[int], first: int, lo: int, hi: int
 ) -> None:
-    """Step reports for the seconds [lo, hi) of every rank, stored and marked changed in
-    one transaction, as steps_store does; the run's last step moves on."""
+    """Step reports of every rank and samples of every node for the seconds [lo, hi), stored
+    and logged as changed in one transaction, as ingest does; the run's last step moves on."""
     import psycopg
 
     params = {"lo": lo, "hi": hi, "first": first, "run": run_id, "nodes": nodes}
@@ -59,6 +78,12 @@ def steps_arrive(
         conn.execute(
             "INSERT INTO runs_stepchange (run_id, s0, s1) VALUES (%s, %s, %s)",
             [run_id, lo - first, hi - 1 - first],
+        )
+        conn.execute(_SAMPLES_SQL, params | {"metrics": list(pages_seed.METRICS)})
+        conn.execute(
+            "INSERT INTO telemetry_samplechange (node_id, t0, t1)"
+            " SELECT id, %s, %s FROM unnest(%s::int4[]) id",
+            [lo, hi - 1, nodes],
         )
 
 
@@ -86,9 +111,11 @@ def main() -> None:
 
 def passes(*, args: argparse.Namespace, ids: dict[str, Any], conninfo: str, end: int) -> None:
     from django.conf import settings
+    from django.db import connection
 
     from apps.alerts.selectors import window as window_module
-    from apps.alerts.selectors.kept import KeptSteps, steps_kept
+    from apps.alerts.selectors.kept import KeptWindow, steps_kept
+    from apps.alerts.selectors.kept_telemetry import live_telemetry_end, telemetry_kept
     from apps.alerts.selectors.steps import steps_load
     from apps.clusters.models import Cluster, Node
     from apps.runs.models import Run
@@ -96,35 +123,51 @@ def passes(*, args: argparse.Namespace, ids: dict[str, Any], conninfo: str, end:
 
     cluster = Cluster.objects.get(name=pages_seed.CLUSTER)
     names = dict(Node.objects.filter(cluster=cluster).values_list("id", "name"))
-    kept = KeptSteps()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, name FROM telemetry_metric WHERE name = ANY(%s)",
+                       [list(window_module.WINDOW_METRICS)])  # fmt: skip
+        metrics = dict(cursor.fetchall())
+    kept = KeptWindow()
     now = float(end)
 
     def run() -> list[Run]:
         return [Run.objects.get(pk=ids["run"])]
 
-    steps_kept(run(), names=names, kept=kept)  # the first pass: a whole load
+    # the first pass reads whole
     detect_all(window_module.cluster_window(cluster=cluster, now=now, kept=kept), now,
                kept=kept.results)  # fmt: skip
     rows: dict[str, list[tuple[float, float]]] = {}
     for rep in range(args.reps):
         lo = end + rep * args.new_steps
-        steps_arrive(conninfo=conninfo, run_id=ids["run"], nodes=ids["nodes"],
+        data_arrives(conninfo=conninfo, run_id=ids["run"], nodes=ids["nodes"],
                      first=end - SEED_STEPS, lo=lo, hi=lo + args.new_steps)  # fmt: skip
         now = float(lo + args.new_steps)
-        cold_wall, cold_cpu, _ = timed(lambda: steps_load(run(), names=names, until=None))
-        kept_wall, kept_cpu, _ = timed(lambda: steps_kept(run(), names=names, kept=kept))
-        tel_wall, tel_cpu, _ = timed(
-            lambda: window_module._telemetry(names=names, now=now, end=now + 1.0)  # noqa: B023
-        )
+        edge = live_telemetry_end(now)
+        timings = {
+            "steps cold": timed(lambda: steps_load(run(), names=names, until=None)),
+            "steps kept": timed(lambda: steps_kept(run(), names=names, kept=kept)),
+            "telemetry cold": timed(
+                lambda: window_module._telemetry(names=names, now=now, end=edge)  # noqa: B023
+            ),
+            "telemetry kept": timed(
+                lambda: telemetry_kept(
+                    names=names,
+                    metrics=metrics,
+                    now=now,  # noqa: B023
+                    kept=kept.telemetry,
+                )  # fmt: skip
+            ),
+        }
+        cold_window = window_module.cluster_window(cluster=cluster, now=now)
         window = window_module.cluster_window(cluster=cluster, now=now, kept=kept)
-        cold_det = timed(lambda: detect_all(window, now))  # noqa: B023
-        kept_det = timed(lambda: detect_all(window, now, kept=kept.results))  # noqa: B023
-        for key, value in (
-            ("steps cold", (cold_wall, cold_cpu)), ("steps kept", (kept_wall, kept_cpu)),
-            ("telemetry", (tel_wall, tel_cpu)), ("detect_all cold", cold_det[:2]),
-            ("detect_all kept", kept_det[:2]),
-        ):  # fmt: skip
-            rows.setdefault(key, []).append(value)
+        assert window.telemetry == cold_window.telemetry, "the kept telemetry differs"
+        assert sorted(window.runs[0].steps) == sorted(cold_window.runs[0].steps)
+        timings["detect_all cold"] = timed(lambda: detect_all(cold_window, now))  # noqa: B023
+        timings["detect_all kept"] = timed(
+            lambda: detect_all(window, now, kept=kept.results)  # noqa: B023
+        )
+        for key, (wall, cpu, _) in timings.items():
+            rows.setdefault(key, []).append((wall, cpu))
     report(rows, args=args, window_steps=settings.ALERT_STEP_WINDOW)
 
 
@@ -136,13 +179,15 @@ def report(rows: dict[str, list[tuple[float, float]]], *, args: Any, window_step
     print(f"{'':24}{'wall':>10}{'CPU':>10}")
     for key, (wall, cpu) in med.items():
         print(f"{key:24}{wall:10.1f}{cpu:10.1f}")
-    cold = [med[k] for k in ("steps cold", "telemetry", "detect_all cold")]
-    kept = [med[k] for k in ("steps kept", "telemetry", "detect_all kept")]
+    cold = [med[k] for k in ("steps cold", "telemetry cold", "detect_all cold")]
+    kept = [med[k] for k in ("steps kept", "telemetry kept", "detect_all kept")]
     for label, parts in (("pass cold", cold), ("pass kept", kept)):
         print(f"{label:24}{sum(p[0] for p in parts):10.1f}{sum(p[1] for p in parts):10.1f}")
     ratio = sum(p[0] for p in kept) / max(1e-9, sum(p[0] for p in cold))
     steps_ratio = med["steps kept"][0] / max(1e-9, med["steps cold"][0])
-    print(f"kept ÷ cold: steps {steps_ratio:.3f}, whole pass (wall) {ratio:.3f}")
+    telemetry_ratio = med["telemetry kept"][0] / max(1e-9, med["telemetry cold"][0])
+    print(f"kept ÷ cold: steps {steps_ratio:.3f}, telemetry {telemetry_ratio:.3f}, "
+          f"whole pass (wall) {ratio:.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from apps.alerts.selectors import cluster_window
-from apps.alerts.selectors.kept import KeptSteps
+from apps.alerts.selectors.kept import KeptWindow
 from apps.alerts.services import alerts_evaluate
 from apps.clusters.models import Cluster
 from apps.ingest.services import ClaimedBatch, batches_store
@@ -45,11 +45,13 @@ def reports(ranks: range, numbers: range, t0: float, slow: int | None = None) ->
     ]
 
 
-def assert_same_as_whole(cluster: Cluster, kept: KeptSteps, now: float) -> tuple:
-    """The kept window equals a whole load, grouped as common.by_step would group it."""
+def assert_same_as_whole(cluster: Cluster, kept: KeptWindow, now: float) -> tuple:
+    """The kept window equals a whole load, grouped as common.by_step would group it (its
+    telemetry too: tests/alerts/test_kept_telemetry.py)."""
     kept_window = cluster_window(cluster=cluster, now=now, kept=kept)
     whole = cluster_window(cluster=cluster, now=now)
     assert [r.run for r in kept_window.runs] == [r.run for r in whole.runs]
+    assert kept_window.telemetry == whole.telemetry
     for mine, theirs in zip(kept_window.runs, whole.runs, strict=True):
         assert mine.steps == theirs.steps
         assert mine.by_step == by_step(theirs.steps)
@@ -70,7 +72,7 @@ def test_it_reads_only_what_changed_and_matches_a_whole_load(cluster):
     t0 = time.time() - 100
     store(cluster, "node-01", reports(range(0, 2), range(0, 30), t0), "a")
     store(cluster, "node-02", reports(range(2, 4), range(0, 30), t0), "b")
-    kept = KeptSteps()
+    kept = KeptWindow()
     first, _ = assert_same_as_whole(cluster, kept, t0 + 40)
     assert 14 in first.runs[0].by_step
     run_id = Run.objects.get(name="llama").pk
@@ -93,7 +95,7 @@ def test_it_reads_only_what_changed_and_matches_a_whole_load(cluster):
 def test_it_loads_whole_after_a_restart_or_a_prune(cluster):
     t0 = time.time() - 100
     store(cluster, "node-01", reports(range(0, 2), range(0, 30), t0), "a")
-    kept = KeptSteps()
+    kept = KeptWindow()
     assert_same_as_whole(cluster, kept, t0 + 40)
     run_id = Run.objects.get(name="llama").pk
     before = kept.runs[run_id].groups[20]
@@ -121,7 +123,7 @@ def test_it_sees_a_batch_that_committed_after_a_pass_it_began_before(cluster):
     a serial or a timestamp would skip it for good; the watermark reads it next pass."""
     t0 = time.time() - 100
     store(cluster, "node-01", reports(range(0, 4), range(0, 25), t0), "a")
-    kept = KeptSteps()
+    kept = KeptWindow()
     assert_same_as_whole(cluster, kept, t0 + 30)
     written, release = threading.Event(), threading.Event()
 
@@ -153,7 +155,7 @@ def test_a_pass_with_kept_results_finds_what_a_fresh_one_finds(cluster):
     """Pass after pass a kept window and the detectors' kept per-step results name the same
     straggler as a fresh load does, with the same evidence."""
     t0 = time.time() - 400
-    kept = KeptSteps()
+    kept = KeptWindow()
     for chunk in range(8):
         numbers = range(10 * chunk, 10 * chunk + 10)
         store(cluster, "node-01", reports(range(0, 4), numbers, t0, slow=2), f"a{chunk}")
@@ -171,9 +173,9 @@ def test_the_periodic_pass_keeps_the_window(cluster):
     t0 = time.time() - 100
     store(cluster, "node-01", reports(range(0, 2), range(0, 10), t0), "a")
     alerts_evaluate(cluster=cluster, now=t0 + 11)
-    from apps.alerts.selectors.kept import kept_steps
+    from apps.alerts.selectors.kept import kept_window
 
-    kept = kept_steps(cluster_id=cluster.pk)
+    kept = kept_window(cluster_id=cluster.pk)
     assert kept.watermark is not None and len(kept.runs) == 1
     alerts_evaluate(cluster=cluster, now=t0 + 12, as_of=True)  # a replay leaves it alone
-    assert kept_steps(cluster_id=cluster.pk) is kept
+    assert kept_window(cluster_id=cluster.pk) is kept

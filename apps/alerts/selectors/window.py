@@ -15,7 +15,8 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
-from apps.alerts.selectors.kept import KeptSteps, steps_kept
+from apps.alerts.selectors.kept import KeptWindow, steps_kept
+from apps.alerts.selectors.kept_telemetry import live_telemetry_end, telemetry_kept
 from apps.alerts.selectors.replay import (
     INTERVAL_LOOKBACK_S,
     replay_intervals,
@@ -52,7 +53,7 @@ def ts(value: datetime | None) -> float | None:
 
 
 def cluster_window(
-    *, cluster: Cluster, now: float, as_of: bool = False, kept: KeptSteps | None = None
+    *, cluster: Cluster, now: float, as_of: bool = False, kept: KeptWindow | None = None
 ) -> ClusterWindow:
     """Everything the detectors look at for one cluster, in a bounded number of queries
     whatever its size: nodes, active runs (the last ALERT_STEP_WINDOW steps of every rank),
@@ -67,7 +68,12 @@ def cluster_window(
     # training job follows its run: idle once the run ended, and `hang` speaks when the run
     # stops without ending (no silent node of its own then excuses the stall).
     nodes = {node.id: node for node in everyone if node.has_agent}
-    telemetry = _telemetry(names=names, now=now, end=now + (1e-3 if as_of else 1.0))
+    telemetry = _telemetry(
+        names=names,
+        now=now,
+        end=now + 1e-3 if as_of else live_telemetry_end(now),
+        kept=None if as_of else kept,
+    )
     if as_of:
         runs, started = replay_runs(cluster=cluster, now=now)
         last_seen = replay_last_seen(node_ids=list(nodes), now=now)
@@ -126,7 +132,7 @@ def _run_windows(
     now: float,
     runs: list[Run],
     started: dict[int, float] | None = None,
-    kept: KeptSteps | None = None,
+    kept: KeptWindow | None = None,
 ) -> list[RunWindow]:
     """`started` (as of a past now): each run's start from its data, and every row read is
     at or before `now`; None: live, the run's created_at and its latest rows, updating the
@@ -161,9 +167,13 @@ def _run_windows(
     return windows
 
 
-def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]:
+def _telemetry(
+    *, names: dict[int, str], now: float, end: float, kept: KeptWindow | None = None
+) -> list[Series]:
     """WINDOW_METRICS on every node from ALERT_TELEMETRY_WINDOW_S before `now` up to `end`
-    (exclusive), at most a point per series per ALERT_TELEMETRY_RESOLUTION_S: one query."""
+    (exclusive), at most a point per series per ALERT_TELEMETRY_RESOLUTION_S: one query, or
+    with `kept` (a live window: `end` is live_telemetry_end) only what changed since the pass
+    that left it (apps.alerts.selectors.kept_telemetry)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, name FROM telemetry_metric WHERE name = ANY(%s)", [list(WINDOW_METRICS)]
@@ -171,6 +181,8 @@ def _telemetry(*, names: dict[int, str], now: float, end: float) -> list[Series]
         metrics = dict(cursor.fetchall())
     if not metrics or not names:
         return []
+    if kept is not None:
+        return telemetry_kept(names=names, metrics=metrics, now=now, kept=kept.telemetry)
     # decoded in Python: sealed (compacted) chunks keep their points encoded
     series = series_points(
         node_ids=list(names),

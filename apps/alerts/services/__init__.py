@@ -40,7 +40,7 @@ from apps.alerts.selectors import (
     clusters_to_evaluate,
     detector_config,
 )
-from apps.alerts.selectors.kept import kept_steps
+from apps.alerts.selectors.kept import kept_window
 from apps.alerts.services.announce import alerts_announce
 from apps.alerts.services.periodic import pass_lock, periodic_skip_count
 from apps.alerts.services.retention import AlertsPruned, alerts_prune
@@ -258,7 +258,7 @@ def alerts_evaluate(*, cluster: Cluster, now: float, as_of: bool = False) -> Syn
     started = time.perf_counter()
     # A live pass keeps its steps (and the detectors' per-step results) for this worker's
     # next pass over the cluster; a replay is as of another moment each time.
-    kept = None if as_of else kept_steps(cluster_id=cluster.pk)
+    kept = None if as_of else kept_window(cluster_id=cluster.pk)
     with gc_paused():
         window = cluster_window(cluster=cluster, now=now, as_of=as_of, kept=kept)
         config = detector_config(cluster=cluster)
