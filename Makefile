@@ -80,6 +80,7 @@ bench: install-torch
 	$(PY) bench/ingest.py                 # as fast as the server answers
 	$(PY) bench/ingest.py --rate 150000   # paced at the target: flat backlog, lag at that rate
 	$(PY) bench/detectors.py
+	$(PY) bench/kept_window.py           # a live pass from Postgres: cold beside kept
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/pages.py                  # pages, charts and history selectors over a 72 h run
 	$(PY) bench/commands.py               # 1,000 held long-polls: ingest drop, delivery p99

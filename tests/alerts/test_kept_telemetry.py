@@ -102,6 +102,12 @@ def test_compaction_and_a_pruned_log_between_passes(cluster):
     assert chunks_compact(now=datetime.fromtimestamp(t0 + 420, UTC)) > 0  # rewritten, same points
     after = same_as_whole(cluster, kept, t0 + 400.0)
     assert after["node-01", 0] is before["node-01", 0]  # nothing to read again
+    # a late sample in a sealed minute: its span is read from a sealed row and a raw one
+    store(cluster, "node-01", temps([t0 + 100.5], base=99.0), "late")
+    late = same_as_whole(cluster, kept, t0 + 400.0)
+    assert (t0 + 100.5, 99.0 + (t0 + 100.5) % 7) in late["node-01", 0].points
+    assert len(late["node-01", 0].points) == len(before["node-01", 0].points)  # its slot's
+    assert t0 + 100 not in [ts for ts, _ in late["node-01", 0].points]  # newest, now
     store(cluster, "node-01", temps(seconds(t0, 360, 5)), "new")
     sample_changes_prune(keep_s=0)  # the log lost a change this window has not read
     whole = same_as_whole(cluster, kept, t0 + 366.0)  # so it reads whole
