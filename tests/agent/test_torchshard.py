@@ -15,7 +15,8 @@ import pytest
 from torch import nn
 
 from opsboard_agent import torchshard
-from tests.agent.conftest import REPO
+from opsboard_agent.reporter import Reporter
+from tests.agent.conftest import REPO, closed_port_url
 
 RANKS = 4
 SAME_SHARD = ((0, 2), (1, 3))  # rank = replica * 2 + shard: (0, 2) and (1, 3) are replicas
@@ -144,3 +145,53 @@ def test_a_pipeline_stage_is_keyed_by_its_index_within_the_contracts_bound():
     assert torchshard.local_view(stage) is part
     huge = SimpleNamespace(submod=part, stage_index=10**200, num_stages=10**201)
     assert len(torchshard.shard_key(huge) or "") == 128
+
+
+def reporter_for(tmp_path, closed_url: str, **kwargs) -> Reporter:
+    return Reporter(
+        run="r", server=closed_url, token="t", node="n", rank=1, world_size=2,
+        spool_dir=tmp_path, flush_interval=3600, commands=False, **kwargs,
+    )  # fmt: skip
+
+
+def sent_steps(reporter: Reporter) -> list[dict]:
+    assert reporter.shipper is not None
+    reporter.shipper.flush()
+    batches = sorted(reporter.shipper.spool.directory.glob("*.batch"))
+    return [step for path in batches for step in json.loads(path.read_bytes()).get("steps", [])]
+
+
+@pytest.fixture
+def derived(monkeypatch) -> list[object]:
+    """The models the reporter derived a shard key from (each answered `key-<n>`)."""
+    seen: list[object] = []
+
+    def shard_key(model):
+        seen.append(model)
+        return f"key-{len(seen)}"
+
+    monkeypatch.setattr(torchshard, "shard_key", shard_key)
+    return seen
+
+
+def test_the_reporter_derives_the_key_once_per_model_and_sends_it(tmp_path, derived):
+    reporter = reporter_for(tmp_path, closed_port_url())
+    first, second = nn.Linear(2, 2), nn.Linear(2, 2)
+    reporter.step(0)  # before any check: nothing derived yet
+    reporter.record_param_checksum(first)
+    reporter.record_grad_checksum(first)
+    reporter.step(1)
+    reporter.record_param_checksum(second)  # another model: derived again
+    reporter.step(2)
+    assert derived == [first, second]
+    assert [step.get("shard") for step in sent_steps(reporter)] == [None, "key-1", "key-2"]
+    reporter.close(drain_timeout=0, state=None)
+
+
+def test_a_shard_given_to_the_reporter_wins(tmp_path, derived):
+    reporter = reporter_for(tmp_path, closed_port_url(), shard="tp0-pp0")
+    reporter.record_param_checksum(nn.Linear(2, 2))
+    reporter.step(0)
+    assert derived == [] and reporter.reported_shard == "tp0-pp0"
+    assert sent_steps(reporter)[0]["shard"] == "tp0-pp0"
+    reporter.close(drain_timeout=0, state=None)
