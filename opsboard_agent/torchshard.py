@@ -58,13 +58,8 @@ def shard_key(model: Any) -> str | None:
     if any(isinstance(m, FSDPModule) for m in module.modules()):
         where["fsdp2"] = None
     lines = [f"stage:{stage}"]
-    for name, param in module.named_parameters():
-        lines.append(_describe(name, param, where))
-    for fsdp in _fsdp1_modules(model):
-        rank, size = fsdp.rank, fsdp.world_size
-        if size > 1 and fsdp.sharding_strategy.name != "NO_SHARD":
-            where[f"fsdp1={rank}of{size}"] = None
-            lines.append(f"fsdp1:{fsdp.sharding_strategy}:{rank}/{size}")
+    lines += [_describe(name, param, where) for name, param in module.named_parameters()]
+    lines += _describe_fsdp1(model, where)
     if not where or list(where) == ["fsdp2"]:  # fsdp2 alone: every parameter replicated
         return None
     digest = hashlib.blake2b("\n".join(lines).encode(), digest_size=HASH_HEX // 2).hexdigest()
@@ -86,6 +81,18 @@ def _describe(name: str, param: torch.Tensor, where: dict[str, None]) -> str:
         where[f"{names[dim]}={coordinate[dim]}of{mesh.size(dim)}"] = None
         sharded.append(f"{names[dim]}={coordinate[dim]}")
     return f"{line}:{param.placements}:{names}:{tuple(mesh.shape)}:{sharded}"
+
+
+def _describe_fsdp1(model: Any, where: dict[str, None]) -> list[str]:
+    """FSDP1's part of the description: each wrapper's rank within its sharding group (its
+    flat parameters' local shapes are often equal across ranks)."""
+    lines = []
+    for fsdp in _fsdp1_modules(model):
+        rank, size = fsdp.rank, fsdp.world_size
+        if size > 1 and fsdp.sharding_strategy.name != "NO_SHARD":
+            where[f"fsdp1={rank}of{size}"] = None
+            lines.append(f"fsdp1:{fsdp.sharding_strategy}:{rank}/{size}")
+    return lines
 
 
 def local_view(model: Any) -> Any:
