@@ -228,8 +228,9 @@ class Reporter(Checkpoints, CorruptionChecks):
             loss = float(loss.item() if hasattr(loss, "item") else loss)
             if loss == loss and abs(loss) != float("inf"):  # a NaN loss must not cost the batch
                 record["loss"] = loss
-        if self.shard is not None:
-            record["shard"] = self.shard
+        shard = self.reported_shard
+        if shard is not None:
+            record["shard"] = shard
         gpu = self._gpu()
         if gpu is not None:
             record["gpu"] = gpu

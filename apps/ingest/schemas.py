@@ -118,7 +118,20 @@ class Step(Record):
     grad_checksum: Checksum | None = None
     param_checksum: Checksum | None = None
     canary: Canary | None = None
-    shard: Shard | None = None
+    shard: Shard | None = Field(
+        default=None,
+        description=(
+            "The model shard the rank holds: only ranks reporting the same shard are compared"
+            " (checksums bit for bit, canaries within tolerance); without it, all ranks of the"
+            " run are. Free text of at most 128 characters. opsboard_agent's reporter derives"
+            " it from a sharded model unless given one: '<where>-<12 hex>', e.g."
+            " 'fsdp2-shard=1of2-3fa9c0d1e2b4', where <where> is the rank's coordinate on each"
+            " sharded mesh dimension (FSDP2, HSDP, tensor parallel), its rank in the FSDP1"
+            " sharding group or its pipeline stage, and the hex a BLAKE2b hash of every"
+            " parameter's name, dtype, global shape and placement. Data-parallel replicas of"
+            " a shard share it; an unsharded (DDP) model sends none."
+        ),
+    )
     # the rank's GPU index on its node (an extension: ties the rank to that GPU's tile)
     gpu: Gpu | None = None
 

@@ -231,3 +231,12 @@ def test_the_openapi_schema_describes_ingest(client):
     operation = schema["paths"]["/api/v1/ingest"]["post"]
     assert {"202", "200", "400", "401", "413"} <= set(operation["responses"])
     assert "Sample" in json.dumps(schema["components"])
+
+
+def test_the_schema_says_what_a_shard_is_and_how_the_reporter_derives_it(client):
+    schema = client.get("/api/v1/openapi.json").json()
+    shard = schema["components"]["schemas"]["Step"]["properties"]["shard"]
+    text = next(option for option in shard["anyOf"] if option.get("type") == "string")
+    assert text["maxLength"] == 128
+    assert "only ranks reporting the same shard are compared" in shard["description"]
+    assert "fsdp2-shard=1of2-" in shard["description"]

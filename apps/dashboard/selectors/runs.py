@@ -101,12 +101,19 @@ def _step_agreement(step: int, ts: float, shards: dict[str | None, dict[int, Ste
         "param": [],
         "canary": [],
     }
-    for rows in shards.values():
+    where: dict[int, str] = {}
+    for shard, rows in shards.items():
         out["ranks"] += len(rows)
-        out["grad"] += minority_exact({r: row.grad_checksum for r, row in rows.items()})[0]
-        out["param"] += minority_exact({r: row.param_checksum for r, row in rows.items()})[0]
-        out["canary"] += minority_canary(rows, rtol)[0]
+        grad = minority_exact({r: row.grad_checksum for r, row in rows.items()})[0]
+        param = minority_exact({r: row.param_checksum for r, row in rows.items()})[0]
+        canary = minority_canary(rows, rtol)[0]
+        out["grad"] += grad
+        out["param"] += param
+        out["canary"] += canary
+        where.update(dict.fromkeys((*grad, *param, *canary), shard or ""))
     out["shards"] = sorted(s or "" for s in shards)
+    # Which shard each disagreeing rank holds: its replicas are the ranks it differs from.
+    out["where"] = [f"{rank} in {shard}" for rank, shard in sorted(where.items()) if shard]
     for check in ("grad", "param", "canary"):
         out[check] = sorted(out[check])
     return out
