@@ -55,6 +55,18 @@ class ChangeLog:
             xmin, horizon = cursor.fetchone()
         return ChangeSnapshot(xmin, horizon or 0)
 
+    def rows_since(
+        self, *, columns: str, key: str, ids: list[int], xid: int, tail: str = ""
+    ) -> list[tuple]:
+        """`columns` of the rows for the `key` column's `ids` written by transactions with
+        ids at or above `xid`, then `tail` (a GROUP BY or ORDER BY)."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {columns} FROM {self.table} WHERE xid >= %s AND {key} = ANY(%s) {tail}",
+                [xid, ids],
+            )
+            return cursor.fetchall()
+
     def prune(self, *, keep_s: float = CHANGES_KEEP_S) -> None:
         """Drop the rows older than `keep_s`, raising the horizon past them."""
         with connection.cursor() as cursor:

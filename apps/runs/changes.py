@@ -9,8 +9,6 @@ detectors' windows kept by each periodic worker, apps.alerts.selectors.kept).
 
 from __future__ import annotations
 
-from django.db import connection
-
 from apps.core.changes import CHANGES_KEEP_S, ChangeLog, ChangeSnapshot
 from apps.core.db import server_cursor
 
@@ -45,19 +43,16 @@ def step_changes_since(*, run_ids: list[int], xid: int) -> dict[int, list[tuple[
     written by transactions with ids at or above `xid`."""
     if not run_ids:
         return {}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT run_id, s0, s1 FROM runs_stepchange WHERE xid >= %s AND run_id = ANY(%s)"
-            " ORDER BY run_id, s0",
-            [xid, run_ids],
-        )
-        out: dict[int, list[tuple[int, int]]] = {}
-        for run_id, s0, s1 in cursor.fetchall():
-            ranges = out.setdefault(run_id, [])
-            if ranges and s0 <= ranges[-1][1] + 1:
-                ranges[-1] = (ranges[-1][0], max(ranges[-1][1], s1))
-            else:
-                ranges.append((s0, s1))
+    rows = STEP_CHANGES.rows_since(
+        columns="run_id, s0, s1", key="run_id", ids=run_ids, xid=xid, tail="ORDER BY run_id, s0"
+    )
+    out: dict[int, list[tuple[int, int]]] = {}
+    for run_id, s0, s1 in rows:
+        ranges = out.setdefault(run_id, [])
+        if ranges and s0 <= ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], max(ranges[-1][1], s1))
+        else:
+            ranges.append((s0, s1))
     return out
 
 

@@ -10,7 +10,6 @@ their points, so it records nothing.
 from __future__ import annotations
 
 import numpy as np
-from django.db import connection
 
 from apps.core.changes import CHANGES_KEEP_S, ChangeLog, ChangeSnapshot
 from apps.core.copy import UNIX_TO_PG_EPOCH_S
@@ -48,13 +47,11 @@ def sample_changes_since(*, node_ids: list[int], xid: int) -> dict[int, tuple[fl
     with ids at or above `xid`: one span a node, gaps included."""
     if not node_ids:
         return {}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT node_id, min(t0), max(t1) FROM telemetry_samplechange"
-            " WHERE xid >= %s AND node_id = ANY(%s) GROUP BY node_id",
-            [xid, node_ids],
-        )
-        return {node_id: (t0, t1) for node_id, t0, t1 in cursor.fetchall()}
+    rows = SAMPLE_CHANGES.rows_since(
+        columns="node_id, min(t0), max(t1)", key="node_id", ids=node_ids, xid=xid,
+        tail="GROUP BY node_id",
+    )  # fmt: skip
+    return {node_id: (t0, t1) for node_id, t0, t1 in rows}
 
 
 def sample_changes_prune(*, keep_s: float = CHANGES_KEEP_S) -> None:

@@ -5,8 +5,6 @@ injected, single out the faulty rank."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
 import sys
 from collections import defaultdict
 
@@ -14,6 +12,7 @@ import pytest
 
 from launcher.procs import wait_until
 from tests.agent.conftest import REPO
+from tests.agent.torchrun import run_ok
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 
@@ -47,15 +46,7 @@ def train(url: str, secret: str, tmp_path, run: str, *fault: str) -> None:
         str(tmp_path / run),
         *fault,
     ]
-    result = subprocess.run(
-        command,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_ok(command)
 
 
 def reports(token, run: str):

@@ -8,8 +8,6 @@ replica r // 2, shard r % 2, so ranks 1, 3 and 5 hold shard 1 and ranks 0, 2 and
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -24,6 +22,7 @@ from apps.dashboard.selectors.runs import checksum_agreement
 from apps.runs.models import Run, StepReport
 from launcher.procs import wait_until
 from tests.agent.conftest import REPO
+from tests.agent.torchrun import run_ok
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 
@@ -44,15 +43,7 @@ def train(
         *("--replicas", str(replicas), "--steps", str(STEPS), "--check-every", str(CHECK_EVERY)),
         *("--spool-dir", str(tmp_path / run), *fault),
     ]
-    result = subprocess.run(
-        command,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_ok(command)
 
 
 def checked_reports(token, run: str, ranks: int = RANKS) -> dict[int, dict[int, StepReport]]:

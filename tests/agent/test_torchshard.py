@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -17,6 +15,7 @@ from torch import nn
 from opsboard_agent import torchshard
 from opsboard_agent.reporter import Reporter
 from tests.agent.conftest import REPO, closed_port_url
+from tests.agent.torchrun import run_ok
 
 RANKS = 4
 SAME_SHARD = ((0, 2), (1, 3))  # rank = replica * 2 + shard: (0, 2) and (1, 3) are replicas
@@ -30,15 +29,7 @@ def layouts(tmp_path_factory) -> dict[str, dict[int, dict]]:
         *("--nproc-per-node", str(RANKS), str(REPO / "tests" / "agent" / "shard_layouts.py")),
         str(out),
     ]
-    result = subprocess.run(
-        command,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_ok(command)
     found: dict[str, dict[int, dict]] = {}
     for path in out.glob("*-rank*.json"):
         name, rank = path.stem.split("-rank")

@@ -3,12 +3,10 @@ node's span that got samples (apps.alerts.selectors.kept_telemetry, apps.telemet
 the series it hands the detectors are the ones a whole read gives, whatever arrived late,
 twice, densely, stamped ahead of the clock, or was compacted meanwhile."""
 
-import threading
 import time
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection, transaction
 from django.test import override_settings
 
 from apps.alerts.selectors import cluster_window
@@ -18,6 +16,7 @@ from apps.ingest.services import ClaimedBatch, batches_store
 from apps.telemetry.changes import sample_changes_prune
 from apps.telemetry.services import chunks_compact
 from detectors import detect_all
+from tests.alerts.held_writer import held_open
 
 
 def store(cluster: Cluster, node: str, samples: list[dict], key: str) -> None:
@@ -122,24 +121,10 @@ def test_it_sees_samples_that_committed_after_a_pass_it_began_before(cluster):
     store(cluster, "node-01", temps(seconds(t0, 0, 100)), "a")
     kept = KeptWindow()
     same_as_whole(cluster, kept, t0 + 101)
-    written, release = threading.Event(), threading.Event()
-
-    def slow_writer() -> None:
-        try:
-            with transaction.atomic():
-                store(cluster, "node-01", temps(seconds(t0, 100, 3), base=90.0), "slow")
-                written.set()
-                assert release.wait(30)
-        finally:
-            connection.close()
-
-    writer = threading.Thread(target=slow_writer)
-    writer.start()
-    assert written.wait(30)
-    store(cluster, "node-02", temps(seconds(t0, 0, 104)), "quick")  # commits first, read
-    window = same_as_whole(cluster, kept, t0 + 104)
-    assert ("node-02", 0) in window and window["node-01", 0].points[-1][0] < t0 + 100
-    release.set()
-    writer.join(30)
+    slow = temps(seconds(t0, 100, 3), base=90.0)
+    with held_open(lambda: store(cluster, "node-01", slow, "slow")):
+        store(cluster, "node-02", temps(seconds(t0, 0, 104)), "quick")  # commits first, read
+        window = same_as_whole(cluster, kept, t0 + 104)
+        assert ("node-02", 0) in window and window["node-01", 0].points[-1][0] < t0 + 100
     window = same_as_whole(cluster, kept, t0 + 104)
     assert window["node-01", 0].points[-1][1] >= 90.0

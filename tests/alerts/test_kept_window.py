@@ -2,12 +2,10 @@
 steps that changed (apps.alerts.selectors.kept, apps.runs.changes): the window it hands the
 detectors is the one a whole load gives, whatever arrived, late, twice or out of order."""
 
-import threading
 import time
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection, transaction
 from django.test import override_settings
 
 from apps.alerts.selectors import cluster_window
@@ -19,6 +17,7 @@ from apps.runs.changes import step_changes_prune
 from apps.runs.models import Run
 from detectors import detect_all
 from detectors.common import by_step
+from tests.alerts.held_writer import held_open
 
 WINDOW = 20
 
@@ -125,26 +124,12 @@ def test_it_sees_a_batch_that_committed_after_a_pass_it_began_before(cluster):
     store(cluster, "node-01", reports(range(0, 4), range(0, 25), t0), "a")
     kept = KeptWindow()
     assert_same_as_whole(cluster, kept, t0 + 30)
-    written, release = threading.Event(), threading.Event()
-
-    def slow_writer() -> None:
-        try:
-            with transaction.atomic():
-                store(cluster, "node-01", reports(range(0, 4), range(25, 27), t0), "late")
-                written.set()
-                assert release.wait(30)
-        finally:
-            connection.close()
-
-    writer = threading.Thread(target=slow_writer)
-    writer.start()
-    assert written.wait(30)
-    # a later writer (another run: the first holds its run's row) commits first, and is read
-    store(cluster, "node-02", reports(range(0, 2), range(0, 3), t0), "quick", run="gpt")
-    window, _ = assert_same_as_whole(cluster, kept, t0 + 31)  # the late batch is not visible
-    assert 25 not in window.runs[0].by_step and len(window.runs) == 2
-    release.set()
-    writer.join(30)
+    late = reports(range(0, 4), range(25, 27), t0)
+    with held_open(lambda: store(cluster, "node-01", late, "late")):
+        # a later writer (another run: the first holds its run's row) commits first, and is read
+        store(cluster, "node-02", reports(range(0, 2), range(0, 3), t0), "quick", run="gpt")
+        window, _ = assert_same_as_whole(cluster, kept, t0 + 31)  # the late batch: not yet
+        assert 25 not in window.runs[0].by_step and len(window.runs) == 2
     window, _ = assert_same_as_whole(cluster, kept, t0 + 32)
     assert len(window.runs[0].by_step[25]) == 4
 
