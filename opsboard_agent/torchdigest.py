@@ -71,7 +71,8 @@ def digest(
         data = local_tensor(tensor).detach()
         header = f"{name}:{data.dtype}:{tuple(data.shape)};".encode()
         vectors = tensor_partials(data, batch_rows=batch_rows, chunk_rows=chunk_rows)
-        partials.setdefault(data.device, []).extend(vectors)
+        if vectors:
+            partials.setdefault(data.device, []).extend(vectors)
         headers.append((header, data.device, len(vectors)))
     # The one host sync per device: every chunk vector of every tensor in one copy.
     host = {device: torch.stack(vectors).cpu() for device, vectors in partials.items()}
