@@ -71,34 +71,26 @@ def canary(
     training RNG (changing training) and make the probe differ between ranks.
 
     The projections sample coordinates of the gradients laid end to end (`PROJECTION_COORDS`
-    per projection, drawn from `seed`), but the gradients are never concatenated: each one
-    gives up only its sampled coordinates, and is dropped once read."""
+    per projection, drawn from `seed`), but the gradients are never concatenated, nor even
+    kept: a hook on each parameter reads its gradient as backward produces it (the sampled
+    coordinates, the sum of squares) and hands autograd an expanded zero in its place, so
+    the probe's extra memory is the gradients in flight, not all of them at once."""
     module = unwrap(model)
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         return {"norm": 0.0, "proj": [0.0] * projections}
-    grads = _probe_gradients(module, params, loss_fn)
-    sizes = [p.numel() for p in params]
-    count = min(sum(sizes), PROJECTION_COORDS)
-    index, weights = _draws(sum(sizes), count, projections, seed)
-    device = params[0].device
-    picks = _Picks(index.reshape(-1), sizes, device)
-    weights = weights.reshape(-1).to(device)
-    products = torch.zeros(weights.numel(), dtype=torch.float64, device=device)
-    squares = torch.zeros((), dtype=torch.float64, device=device)
-    for number in range(len(grads)):
-        gradient, grads[number] = grads[number], None  # freed as soon as it is read
-        if gradient is None:
-            continue  # unused: zero, as are its products
-        positions, local = picks.of(number)
-        picked = torch.take(gradient, local.to(gradient.device)).to(device, torch.float64)
-        products[positions] = picked * weights[positions]
-        squares += _squared_norm(gradient).to(device)
-        del gradient
-    sums = [part.sum() for part in products.view(projections, count)]
-    # The one host sync of the canary: the norm and every projection in one copy.
-    norm, *values = torch.stack([squares.sqrt(), *sums]).cpu().tolist()
-    return {"norm": norm, "proj": [value / math.sqrt(count) for value in values]}
+    projector = _Projector([p.numel() for p in params], projections, seed, params[0].device)
+    handles = [p.register_hook(projector.hook(number)) for number, p in enumerate(params)]
+    try:
+        grads = _probe_gradients(module, params, loss_fn)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for number, gradient in enumerate(grads):
+        if gradient is not None and number not in projector.seen:
+            projector.add(number, gradient)  # a gradient no hook saw (none, as torch stands)
+    del grads
+    return projector.result()
 
 
 def _probe_gradients(
@@ -114,6 +106,43 @@ def _probe_gradients(
             return list(torch.autograd.grad(loss, params, allow_unused=True))
     finally:
         module.train(was_training)
+
+
+class _Projector:
+    """The norm and projections, gradient by gradient, in any order: each gradient's
+    sampled products land in their own slots and are summed at the end as one vector per
+    projection, the same products in the same order as a concatenation would give."""
+
+    def __init__(self, sizes: Sequence[int], projections: int, seed: int, device) -> None:
+        self.count = min(sum(sizes), PROJECTION_COORDS)
+        index, weights = _draws(sum(sizes), self.count, projections, seed)
+        self.picks = _Picks(index.reshape(-1), sizes, device)
+        self.weights = weights.reshape(-1).to(device)
+        self.products = torch.zeros_like(self.weights)  # unused parameters: zero
+        self.squares = torch.zeros((), dtype=torch.float64, device=device)
+        self.seen: set[int] = set()
+
+    def hook(self, number: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def read(gradient: torch.Tensor) -> torch.Tensor:
+            self.add(number, gradient)
+            # Same shape, no memory: autograd.grad returns this instead of the gradient.
+            return torch.zeros((), dtype=gradient.dtype, device=gradient.device).expand_as(gradient)
+
+        return read
+
+    def add(self, number: int, gradient: torch.Tensor) -> None:
+        self.seen.add(number)
+        device = self.products.device
+        positions, local = self.picks.of(number)
+        picked = torch.take(gradient, local.to(gradient.device)).to(device, torch.float64)
+        self.products[positions] = picked * self.weights[positions]
+        self.squares += _squared_norm(gradient).to(device)
+
+    def result(self) -> dict[str, Any]:
+        sums = [part.sum() for part in self.products.view(-1, self.count)]
+        # The one host sync of the canary: the norm and every projection in one copy.
+        norm, *values = torch.stack([self.squares.sqrt(), *sums]).cpu().tolist()
+        return {"norm": norm, "proj": [value / math.sqrt(self.count) for value in values]}
 
 
 def _draws(total: int, count: int, projections: int, seed: int):

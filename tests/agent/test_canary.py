@@ -126,6 +126,26 @@ def test_one_host_copy_per_canary(monkeypatch):
     assert copies == [(5,)]  # the norm and four projections, together
 
 
+def test_no_gradient_outlives_its_hook(monkeypatch):
+    # What autograd.grad returns is an expanded zero per parameter (no memory): each
+    # gradient was read by the canary's hook as backward produced it, then dropped.
+    expected = concatenating_canary(models()["mixed"], probe)
+    returned = []
+    original = torch.autograd.grad
+
+    def recording(*args, **kwargs):
+        grads = original(*args, **kwargs)
+        returned.extend(grads)
+        return grads
+
+    monkeypatch.setattr(torch.autograd, "grad", recording)
+    model = models()["mixed"]
+    assert torchcheck.canary(model, probe)["proj"] == expected["proj"]
+    kept = [g for g in returned if g is not None]
+    assert kept and all(set(g.stride()) == {0} for g in kept)
+    assert all(not p._backward_hooks for p in model.parameters())  # hooks removed
+
+
 def test_a_model_without_trainable_parameters_gives_zeros():
     frozen = nn.Linear(3, 3).requires_grad_(False)
     assert torchcheck.canary(frozen, lambda m: m(torch.ones(1, 3)).sum()) == {
