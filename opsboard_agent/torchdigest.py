@@ -46,10 +46,11 @@ CHUNK_ROWS = 4096  # 16 MiB of words a chunk: one LANES-vector crosses to the ho
 LANES = 4
 WEIGHT_MAX = 2047  # |weight| < 2**11
 SEED = 0x5DC0_28A1  # the tables are part of the format: every replica must draw the same
-# Rows a device digests at once. The CPU's batch (1 MiB of words) keeps the float64 copy
-# in cache and the temporaries at 2 MiB; a GPU takes bigger batches to cut launches.
-BATCH_ROWS = {"cpu": 256}
-DEFAULT_BATCH_ROWS = 1024
+# Rows digested at once: as many as keep the float64 copy of a batch under 1/128 of the
+# bytes checked (fewer kernel launches, and fewer parallel regions, which cost a scheduler
+# tick each on a busy CPU), between 64 rows (256 KiB of words) and a whole chunk.
+TEMPORARY_SHARE = 1 / 128
+MIN_BATCH_ROWS = 64
 PERSON = b"opsboard-dig-v2"  # BLAKE2b personalisation: this scheme, not the old byte hash
 
 _tables: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -65,10 +66,13 @@ def digest(
 
     Computed on each tensor's device with one host copy per device at the end; equal
     inputs give equal digests on every device type and for every `batch_rows`."""
+    items = [(name, local_tensor(tensor).detach()) for name, tensor in tensors]
+    if batch_rows is None:
+        nbytes = sum(t.numel() * t.element_size() for _, t in items)
+        batch_rows = auto_batch_rows(nbytes, chunk_rows)
     headers: list[tuple[bytes, torch.device, int]] = []  # header, device, chunk vectors
     partials: dict[torch.device, list[torch.Tensor]] = {}
-    for name, tensor in tensors:
-        data = local_tensor(tensor).detach()
+    for name, data in items:
         header = f"{name}:{data.dtype}:{tuple(data.shape)};".encode()
         vectors = tensor_partials(data, batch_rows=batch_rows, chunk_rows=chunk_rows)
         if vectors:
@@ -87,6 +91,13 @@ def digest(
     return out.hexdigest()
 
 
+def auto_batch_rows(nbytes: int, chunk_rows: int = CHUNK_ROWS) -> int:
+    """The power of two of rows whose float64 copy stays under `TEMPORARY_SHARE` of
+    `nbytes`, within [MIN_BATCH_ROWS, chunk_rows]."""
+    fits = int(nbytes * TEMPORARY_SHARE) // (8 * ROW_WORDS)
+    return max(MIN_BATCH_ROWS, min(chunk_rows, 1 << max(0, fits.bit_length() - 1)))
+
+
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The part of `tensor` this process holds: a DTensor's local shard, else the tensor."""
     to_local = getattr(tensor, "to_local", None)
@@ -99,8 +110,9 @@ def tensor_partials(
     """One int64 `(LANES,)` vector per chunk of `tensor`'s words, left on its device."""
     if tensor.numel() == 0:
         return []
-    rows = batch_rows or BATCH_ROWS.get(tensor.device.type, DEFAULT_BATCH_ROWS)
-    rows = min(rows, chunk_rows)
+    if batch_rows is None:
+        batch_rows = auto_batch_rows(tensor.numel() * tensor.element_size(), chunk_rows)
+    rows = min(batch_rows, chunk_rows)
     if chunk_rows % rows:
         raise ValueError(f"batch_rows {rows} must divide chunk_rows {chunk_rows}")
     weights, row_keys = tables(tensor.device, chunk_rows)
