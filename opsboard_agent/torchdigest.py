@@ -24,8 +24,8 @@ What is proven rather than likely: a change to any single element of any dtype u
 bytes changes the digest (the weights are nonzero, each aligned 4-row block of them is
 nonsingular, so a row's exact product moves, and an odd int64 weight keeps a nonzero
 integer below 2**53 nonzero modulo 2**64); so does swapping two different elements of up to
-4 bytes within one row (the weight rows are pairwise distinct) and moving anything between
-chunks (each chunk is hashed on its own). Other changes collide with odds of about 2**-33
+4 bytes within one row (the weight rows are pairwise distinct) or any two in different
+chunks (each chunk is hashed on its own: each sees a one-element change). Other changes collide with odds of about 2**-33
 per lane, four lanes, on top of BLAKE2b.
 
 The batch a device processes at once (`batch_rows`) changes the cost, never the result.
