@@ -324,7 +324,14 @@ def main() -> None:
         f"working set allowed {budget / GB:.1f} GB; sustained matmul {flops / 1e12:.2f} TFLOP/s; "
         f"load average {os.getloadavg()[0]:.2f} at the start"
     )
-    torchdigest.tables(device)  # drawn once per process: not a check's cost
+    # Once per process, not a check's cost: the tables drawn, BLAS and autograd warmed up.
+    warm = torch.ones(torchdigest.CHUNK_ROWS * torchdigest.ROW_WORDS, device=device)
+    for rows in (torchdigest.MIN_BATCH_ROWS, torchdigest.CHUNK_ROWS):
+        torchdigest.digest([("warm-up", warm)], batch_rows=rows)
+    del warm
+    torchcheck.canary(
+        nn.Linear(8, 8).to(device), lambda m: m(torch.ones(1, 8, device=device)).sum()
+    )
     measured: dict[tuple[int, int], dict] = {}
     for wanted in sizes:
         fits = (

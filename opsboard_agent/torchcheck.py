@@ -27,7 +27,7 @@ import torch
 from opsboard_agent import torchdigest
 
 PROJECTION_COORDS = 65536  # coordinates sampled per projection: bounded cost on big models
-NORM_PIECE = 1 << 18  # elements a float64 norm reads at once: 2 MiB, not a gradient's copy
+NORM_PIECE = 1 << 20  # elements a float64 norm reads at once: 8 MiB, not a gradient's copy
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
