@@ -259,7 +259,7 @@ def _weight_rows(rng: random.Random) -> list[list[int]]:
 
 
 def _odd_weight(rng: random.Random) -> int:
-    magnitude = 2 * rng.getrandbits(10) + 1
+    magnitude = 2 * rng.getrandbits(WEIGHT_MAX.bit_length() - 1) + 1  # odd, <= WEIGHT_MAX
     return -magnitude if rng.getrandbits(1) else magnitude
 
 
