@@ -82,6 +82,7 @@ bench: install-torch
 	$(PY) bench/detectors.py
 	$(PY) bench/kept_window.py           # a live pass from Postgres: cold beside kept
 	$(PY) bench/agent_overhead.py
+	$(PY) bench/sdc_check.py              # corruption checks at 0.1, 1 and 4 B params, old and new
 	$(PY) bench/pages.py                  # pages, charts and history selectors over a 72 h run
 	$(PY) bench/commands.py               # 1,000 held long-polls: ingest drop, delivery p99
 

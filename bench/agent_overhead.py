@@ -226,11 +226,11 @@ def check_seconds(reporter: Reporter, model, loss_fn, rounds: int) -> dict[str, 
 
 def affordable_params(wanted: float) -> float:
     """The largest of wanted, wanted/2, ... whose check fits in half the free memory: fp32
-    weights and gradients, the canary's gradients (fp32) and its float64 flat copy and
-    the per-tensor float64 pieces it is concatenated from: ~28 bytes a parameter."""
+    weights and gradients, and a margin for the canary's gradients in flight (it reads
+    each in a hook and drops it): ~12 bytes a parameter."""
     free = psutil.virtual_memory().available * 0.5
     params = wanted
-    while params * 28 > free and params > 1e6:
+    while params * 12 > free and params > 1e6:
         params /= 2
     return params
 
@@ -282,9 +282,9 @@ def reporter_overhead(spool_dir: str, url: str, params: float) -> None:
     print(
         f"  all three every {CHECK_EVERY} steps: {per_check / CHECK_EVERY * 1e3:.1f} ms/step "
         f"amortised = {100 * per_check / CHECK_EVERY / 1.0:.2f} % of a 1 s step. The checksums "
-        "hash on the CPU (BLAKE2b, one core) after a device-to-host copy, so on a GPU node they "
-        "cost about this GB/s figure plus the copy; only the canary's backward scales with "
-        "the GPU."
+        "run where the tensors live (opsboard_agent.torchdigest), so on a GPU node they scale "
+        "with its memory bandwidth, as the canary's backward does; bench/sdc_check.py sets "
+        "them beside the old host-side BLAKE2b."
     )
 
 
