@@ -164,3 +164,26 @@ def test_the_periodic_pass_keeps_the_window(cluster):
     assert kept.watermark is not None and len(kept.runs) == 1
     alerts_evaluate(cluster=cluster, now=t0 + 12, as_of=True)  # a replay leaves it alone
     assert kept_window(cluster_id=cluster.pk) is kept
+
+
+@pytest.mark.django_db
+def test_a_worker_keeps_windows_within_its_row_budget(cluster):
+    """Past ALERT_KEPT_MAX_ROWS the least recently evaluated clusters' windows go (they read
+    whole next time); the one being evaluated always stays."""
+    from apps.alerts.selectors.kept import _KEPT, kept_window
+
+    t0 = time.time() - 100
+    other = Cluster.objects.create(name="kept-other")
+    store(cluster, "node-01", reports(range(0, 4), range(0, 10), t0), "a")  # 40 rows
+    store(other, "node-02", reports(range(0, 2), range(0, 10), t0), "b", run="gpt")  # 20 rows
+    _KEPT.clear()
+    with override_settings(ALERT_KEPT_MAX_ROWS=30):
+        alerts_evaluate(cluster=cluster, now=t0 + 11)
+        assert kept_window(cluster_id=cluster.pk).rows() == 40  # over 30, and evaluated: kept
+        alerts_evaluate(cluster=other, now=t0 + 11)  # 40 held beside it > 30: they go
+        assert set(_KEPT) == {other.pk} and _KEPT[other.pk].rows() == 20
+        assert kept_window(cluster_id=cluster.pk).rows() == 0  # read whole next pass
+        assert set(_KEPT) == {cluster.pk, other.pk}  # 20 beside it ≤ 30: the other stays
+    with override_settings(ALERT_KEPT_MAX_ROWS=10):
+        kept_window(cluster_id=cluster.pk)
+        assert set(_KEPT) == {cluster.pk}

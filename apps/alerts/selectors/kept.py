@@ -56,16 +56,28 @@ class KeptWindow:
     results: StepResults = field(default_factory=StepResults)  # the detectors' per-step ones
     telemetry: KeptSeries = field(default_factory=KeptSeries)
 
+    def rows(self) -> int:
+        """Step rows and telemetry points held."""
+        steps = sum(len(rows) for run in self.runs.values() for rows in run.groups.values())
+        return steps + self.telemetry.size
+
 
 _KEPT: dict[int, KeptWindow] = {}
 
 
 def kept_window(*, cluster_id: int) -> KeptWindow:
-    """This worker's kept window of the cluster (a fresh one the first time); windows of
-    clusters this worker has not evaluated for KEPT_MAX_AGE_S are dropped."""
+    """This worker's kept window of the cluster (a fresh one the first time). Windows of
+    clusters this worker has not evaluated for KEPT_MAX_AGE_S are dropped, and the least
+    recently evaluated others while all hold more than ALERT_KEPT_MAX_ROWS rows: a worker
+    holds that much beside the window of the pass it runs."""
     now = time.monotonic()
     for stale in [c for c, k in _KEPT.items() if now - k.used_at > KEPT_MAX_AGE_S]:
         del _KEPT[stale]
+    held = {c: k.rows() for c, k in _KEPT.items() if c != cluster_id}
+    for oldest in sorted(held, key=lambda c: _KEPT[c].used_at):
+        if sum(held.values()) <= settings.ALERT_KEPT_MAX_ROWS:
+            break
+        del _KEPT[oldest], held[oldest]
     return _KEPT.setdefault(cluster_id, KeptWindow())
 
 

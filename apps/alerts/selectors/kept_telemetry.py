@@ -54,6 +54,7 @@ class KeptSeries:
     metrics: dict[int, str] = field(default_factory=dict)
     points: dict[Key, Points] = field(default_factory=dict)  # sorted by key
     handed: dict[Key, Series] = field(default_factory=dict)  # what the last pass handed on
+    size: int = 0  # points held
 
 
 def live_telemetry_end(now: float) -> float:
@@ -147,11 +148,13 @@ def _handed(
     `changed`, and the same slice of its kept tuple). Points before `start` are dropped
     from the kept window."""
     handed: dict[Key, Series] = {}
+    size = 0
     for key, points in kept.points.items():
         i = bisect_left(points, start, key=_TS)
         if i:
             points = kept.points[key] = points[i:]
         j = bisect_left(points, end, key=_TS)
+        size += len(points)
         node_id, metric_id, gpu = key
         if not j or node_id not in names:
             continue
@@ -162,7 +165,7 @@ def _handed(
                           gpu=None if gpu < 0 else gpu, points=shown)  # fmt: skip
         handed[key] = last
     kept.points = {key: points for key, points in kept.points.items() if points}
-    kept.handed = handed
+    kept.handed, kept.size = handed, size
     return list(handed.values())
 
 
