@@ -4,7 +4,10 @@
 reports it stored, twice in one statement: a mark for the completions' refresh (claimed and
 deleted by it, apps.runs.completions) and a row of the change log `runs_stepchange`, read by
 transaction-id watermark (apps.core.changes says why) by any number of readers (the
-detectors' windows kept by each periodic worker, apps.alerts.selectors.kept).
+detectors' windows kept by each periodic worker, apps.alerts.selectors.kept). Every writer
+of new step reports must record them here: `steps_store` is the one in production (the
+compaction's unseal rewrites reports already read); a test that inserts reports by hand
+and evaluates a live pass calls `steps_mark_changed` as it would.
 """
 
 from __future__ import annotations

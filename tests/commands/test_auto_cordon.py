@@ -22,6 +22,7 @@ from apps.clusters.models import Node
 from apps.commands.models import AutoCordonPolicy, ClusterHooks, Command
 from apps.commands.services import command_issue, critical_finding
 from apps.core.signals import alert_raised
+from apps.runs.changes import steps_mark_changed
 from apps.runs.models import Run, RunEvent, StepReport
 from tests.commands.conftest import settled
 
@@ -243,6 +244,7 @@ def checked_step(world, step: int, odd_rank: int | None) -> None:
             step=step, step_time=1.0, grad_checksum="bad" if rank == odd_rank else "good",
         )  # fmt: skip
     Run.objects.filter(pk=world.run.pk).update(last_step=step, last_step_at=now)
+    steps_mark_changed(steps={world.run.pk: (step, step)})  # as steps_store does
 
 
 def test_sdc_cordons_once_confirmed_at_two_checks(world, hook_calls):
