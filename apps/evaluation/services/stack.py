@@ -88,8 +88,9 @@ def wait_for_drain(clusters: list[tuple[Cluster, str]]) -> None:
 
 
 class EvaluationStack:
-    """The live stack the scenarios are posted through: gunicorn and one Celery worker on
-    loopback (no beat: the replay drives the alerts), as `launcher.stack` starts them."""
+    """The live stack the scenarios are posted through: gunicorn, uvicorn (the agents'
+    command long-polls) and one Celery worker on loopback (no beat: the replay drives the
+    alerts), as `launcher.stack` starts them."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
@@ -99,16 +100,20 @@ class EvaluationStack:
         self.processes: list[subprocess.Popen] = []
 
     def start(self) -> EvaluationStack:
+        ws_port = free_port()
+        # the simulated agents' command long-polls are redirected there (LIVE_WS_PORT): held
+        # by gunicorn's two sync workers instead, four simulated nodes starved every POST
+        self.env["LIVE_WS_PORT"] = str(ws_port)
         commands = server_commands(
             host="127.0.0.1",
             port=self.port,
-            ws_port=free_port(),
+            ws_port=ws_port,
             web_workers=2,
             worker_concurrency=2,
             queue=settings.REDIS_PREFIX,
             beat_schedule=Path(tempfile.gettempdir()) / "opsboard-eval-beat",
         )
-        for name in ("web", "worker"):
+        for name in ("web", "ws", "worker"):
             with open(self.log_dir / f"{name}.log", "ab") as output:
                 self.processes.append(
                     subprocess.Popen(
