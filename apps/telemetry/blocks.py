@@ -110,11 +110,11 @@ def chunk_arrays(
 def _block_points(rows: Iterable[Sequence]) -> tuple[list[Key], np.ndarray, np.ndarray, np.ndarray]:
     """(the block's series keys, each point's index into them, ts, values) of a block of
     rows; ts is `e0 + offset / 1000`, the same float the SQL reads of arrays compute. A row's
-    `e0` is its chunk's start, or an array of each point's chunk start (raw chunks of a series
-    sent as one row: apps.telemetry.selectors, _SPANS_SQL)."""
+    `e0` is its chunk's start, or in every row of a query an array of each point's chunk
+    start (raw chunks of a series sent as one row: apps.telemetry.selectors, _SPANS_SQL)."""
     keys: list[Key] = []
     codes: list[int] = []
-    starts: list[np.ndarray] = []
+    starts: list = []  # floats, or arrays: one query's rows are all of one kind
     offsets: list[np.ndarray] = []
     values: list[np.ndarray] = []
     for node_id, metric_id, gpu, e0, *stored in rows:
@@ -122,11 +122,15 @@ def _block_points(rows: Iterable[Sequence]) -> tuple[list[Key], np.ndarray, np.n
         if not keys or keys[-1] != key:
             keys.append(key)
         codes.append(len(keys) - 1)
+        starts.append(e0)
         offsets_ms, vals = chunk_arrays(*stored)
-        starts.append(e0 if isinstance(e0, np.ndarray) else np.full(len(offsets_ms), e0))
         offsets.append(offsets_ms)
         values.append(vals)
     lengths = [len(each) for each in offsets]
     code = np.repeat(np.array(codes, dtype=np.int64), lengths)
-    ts = np.concatenate(starts) + (np.concatenate(offsets) / 1000.0)
+    if isinstance(starts[0], np.ndarray):
+        bases = np.concatenate(starts)
+    else:
+        bases = np.repeat(np.array(starts, dtype=np.float64), lengths)
+    ts = bases + (np.concatenate(offsets) / 1000.0)
     return keys, code, ts, np.concatenate(values)
