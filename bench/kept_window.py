@@ -17,7 +17,6 @@ equals the cold one. Postgres's own CPU is not included.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -30,7 +29,6 @@ sys.path.insert(0, str(ROOT))
 
 import bench.common as common  # noqa: E402
 import bench.pages_seed as pages_seed  # noqa: E402
-from bench.common import prepare_database  # noqa: E402
 
 common.BENCH_DB = f"{common.BENCH_DB}_kept"  # its own scratch database: others drop theirs
 SEED_STEPS = 600  # the window (120 steps) below; one sealed 10-minute chunk of telemetry
@@ -93,14 +91,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5, help="passes each way (5)")
     parser.add_argument("--new-steps", type=int, default=5, help="steps between passes (5)")
     args = parser.parse_args()
-    pages_seed.NODES, pages_seed.RANKS = max(1, args.ranks // pages_seed.GPUS), args.ranks
-    pages_seed.SLOW_RANK %= args.ranks
-    env, conninfo = prepare_database()
-    os.environ.update(env)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsboard.settings")
-    import django
-
-    django.setup()
+    _, conninfo = pages_seed.scratch_django(ranks=args.ranks)
     end = float(int(time.time()) - args.reps * args.new_steps)
     began = time.perf_counter()
     ids = pages_seed.seed(conninfo=conninfo, start=end - SEED_STEPS, end=end)

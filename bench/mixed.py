@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import bench.common as common  # noqa: E402
 import bench.pages_seed as pages_seed  # noqa: E402
-from bench.common import BenchStack, prepare_database  # noqa: E402
+from bench.common import BenchStack  # noqa: E402
 
 common.BENCH_DB = f"{common.BENCH_DB}_load"  # its own scratch database: others drop theirs
 VIEWER, VIEWER_PASSWORD = "load-viewer", "load-viewer-password-1"
@@ -73,14 +73,7 @@ def arguments() -> argparse.Namespace:
 
 def main() -> int:
     args = arguments()
-    pages_seed.NODES, pages_seed.RANKS = max(1, args.ranks // pages_seed.GPUS), args.ranks
-    pages_seed.SLOW_RANK %= args.ranks
-    env, conninfo = prepare_database()
-    os.environ.update(env)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsboard.settings")
-    import django
-
-    django.setup()
+    env, conninfo = pages_seed.scratch_django(ranks=args.ranks)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("accepted-*.json"):

@@ -61,6 +61,25 @@ UNLOGGED_TABLES = (
 )  # fmt: skip
 
 
+def scratch_django(*, ranks: int) -> tuple[dict[str, str], str]:
+    """A fresh scratch database for a seed of `ranks` ranks (8 a node), Django set up on
+    it; returns prepare_database's (environment for the stack, libpq conninfo)."""
+    import os
+
+    import django
+
+    from bench.common import prepare_database
+
+    global NODES, RANKS, SLOW_RANK
+    NODES, RANKS = max(1, ranks // GPUS), ranks
+    SLOW_RANK %= ranks
+    env, conninfo = prepare_database()
+    os.environ.update(env)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "opsboard.settings")
+    django.setup()
+    return env, conninfo
+
+
 def tables_unlogged(conn: Any, tables: tuple[str, ...]) -> None:
     """Each table, or each partition of a partitioned one, UNLOGGED (a partitioned table has
     no storage of its own: setting it there changes nothing)."""
