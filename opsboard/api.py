@@ -17,6 +17,7 @@ from apps.access.api import router as audit_router
 from apps.alerts.api import router as alerts_router
 from apps.commands.api import router as commands_router
 from apps.core.errors import FieldError, error_response, validation_errors
+from apps.dashboard.api import router as dashboard_router
 from apps.ingest.api import router as ingest_router
 from apps.ingest.schemas import BatchRejected, IngestBatch, TooManyRecords
 from apps.runs.api import router as runs_router
@@ -88,6 +89,7 @@ api.add_router("", runs_router)
 api.add_router("", alerts_router)
 api.add_router("", audit_router)
 api.add_router("", commands_router)
+api.add_router("", dashboard_router)
 
 
 @api.exception_handler(ValidationError)

@@ -8,9 +8,10 @@ from django.http import HttpRequest
 
 from apps.access.choices import ROLES_FOR_ACTION, USER_TOKEN_PREFIX
 from apps.access.models import ClusterRole, UserToken
-from apps.clusters.models import Cluster
+from apps.clusters.models import Cluster, Node
 from apps.clusters.services import token_digest
 from apps.core.db_router import replica_reads_active
+from apps.core.errors import FieldError
 
 
 def clusters_visible(*, user: Any) -> QuerySet[Cluster]:
@@ -95,6 +96,31 @@ def request_cluster_filter(request: HttpRequest, cluster: str | None) -> dict:
         return {"cluster_id": token.cluster_id}
     visible = {"cluster__in": clusters_visible(user=request.user)}
     return {**visible, "cluster__name": cluster} if cluster else visible
+
+
+def clusters_readable(request: HttpRequest, cluster: str | None) -> QuerySet[Cluster]:
+    """The clusters request_cluster_filter lets the reader see, as clusters."""
+    token = getattr(request, "agent_token", None)
+    if token is not None:
+        return Cluster.objects.filter(pk=token.cluster_id)
+    visible = clusters_visible(user=request.user)
+    return visible.filter(name=cluster) if cluster else visible
+
+
+def nodes_visible_named(request: HttpRequest, name: str, cluster: str | None) -> QuerySet[Node]:
+    """The nodes called `name` that the reader may see (request_cluster_filter)."""
+    return Node.objects.filter(name=name, **request_cluster_filter(request, cluster))
+
+
+def node_only(rows: list) -> Any:
+    """The one row of a node lookup; 404/400 naming `node` when there is none or several."""
+    if len(rows) != 1:
+        raise FieldError(
+            404 if not rows else 400,
+            "node",
+            "no such node" if not rows else "in several clusters: name the cluster",
+        )
+    return rows[0]
 
 
 def audit_may_read(*, user: Any) -> bool:

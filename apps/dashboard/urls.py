@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.dashboard.views import alerts, node, overview, run
+from apps.dashboard.views import alerts, fleet, node, overview, run
 
 RUN = "clusters/<str:cluster>/runs/<str:run>/"
 NODE = "clusters/<str:cluster>/nodes/<str:node>/"
@@ -10,6 +10,9 @@ urlpatterns = [
     path("alerts/", alerts.alerts_page, name="alerts"),
     path("alerts/<int:alert_id>/ack", alerts.alert_ack, name="alert-ack"),
     path("alerts/<int:alert_id>/", alerts.alert_detail, name="alert-detail"),
+    path("fleet/", fleet.fleet_page, name="fleet"),
+    path("fleet/ledger.json", fleet.fleet_page, {"fmt": "json"}, name="fleet-json"),
+    path("fleet/ledger.csv", fleet.fleet_page, {"fmt": "csv"}, name="fleet-csv"),
     path("clusters/<str:cluster>/", overview.cluster_overview, name="cluster-overview"),
     path(RUN, run.run_detail, name="run-detail"),
     path(f"{RUN}ranks/<int:rank>/", run.rank_detail, name="rank-detail"),

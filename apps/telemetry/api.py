@@ -1,13 +1,12 @@
 import time
 from typing import Any
 
-from django.db.models import QuerySet, Subquery
+from django.db.models import Subquery
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
 from apps.access.auth import reader_auth
-from apps.access.selectors import request_cluster_filter
-from apps.clusters.models import Node
+from apps.access.selectors import node_only, nodes_visible_named
 from apps.core.bounds import GPU_MAX, METRIC_MAX_LENGTH, NAME_MAX_LENGTH
 from apps.core.db_router import replica_reads
 from apps.core.errors import Errors, FieldError
@@ -63,24 +62,10 @@ class SeriesOut(Schema):
     points: list[list[float]]
 
 
-def _visible_nodes(request: HttpRequest, name: str, cluster: str | None) -> QuerySet[Node]:
-    return Node.objects.filter(name=name, **request_cluster_filter(request, cluster))
-
-
-def _only(rows: list) -> Any:
-    """The one row of a node lookup; 404/400 naming `node` when there is none or several."""
-    if len(rows) != 1:
-        raise FieldError(
-            404 if not rows else 400,
-            "node",
-            "no such node" if not rows else "in several clusters: name the cluster",
-        )
-    return rows[0]
-
-
 def _node_id(request: HttpRequest, name: str, cluster: str | None) -> int:
     """The id of the node `name` the reader may see; 404/400 naming `node` otherwise."""
-    return _only(list(_visible_nodes(request, name, cluster).values_list("id", flat=True)[:2]))
+    nodes = nodes_visible_named(request, name, cluster)
+    return node_only(list(nodes.values_list("id", flat=True)[:2]))
 
 
 def _node_and_metric_ids(
@@ -89,8 +74,8 @@ def _node_and_metric_ids(
     """(node id as `_node_id` finds it, the metric's id or None), in one round trip: under
     load every round trip of a chart read waits for a core again."""
     metric_id = Subquery(Metric.objects.filter(name=metric).values("id")[:1])
-    nodes = _visible_nodes(request, query.node, query.cluster).annotate(metric_id=metric_id)
-    return _only(list(nodes.values_list("id", "metric_id")[:2]))
+    nodes = nodes_visible_named(request, query.node, query.cluster).annotate(metric_id=metric_id)
+    return node_only(list(nodes.values_list("id", "metric_id")[:2]))
 
 
 def _unknown_series(node_id: int, query: SeriesQuery) -> FieldError:

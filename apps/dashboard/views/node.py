@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET
 
 from apps.alerts.choices import OPEN_STATES
 from apps.alerts.selectors import alert_json
-from apps.clusters.models import Node
+from apps.clusters.models import Cluster, Node
 from apps.commands.pages import node_commands_context
 from apps.core.bounds import MAX_GPUS
 from apps.core.db_router import replica_reads
@@ -26,6 +26,7 @@ from apps.dashboard.charts.node import (
 )
 from apps.dashboard.selectors.alerts import PAGE_ALERTS, alerts_filtered
 from apps.dashboard.selectors.health import HEALTH_RULES, node_gpu_count
+from apps.dashboard.selectors.ledger import LEDGER_DAYS, days_valid, node_ledger
 from apps.dashboard.selectors.nodes import node_events, node_of, node_reports_gpus, node_runs
 from apps.dashboard.selectors.ranges import RANGES, TimeRange
 from apps.dashboard.views.common import (
@@ -78,6 +79,7 @@ def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
         ),
         **_node_gpus_and_runs(request, node_found, health["health"], tr),
         "events": node_events(node=node_found),
+        **_node_ledger(request, node_found, found, now),
         "series": _node_series(request, health["health"]),
         "alerts": alerts,
         "ranges": RANGES,
@@ -105,6 +107,19 @@ def _node_gpus_and_runs(request: HttpRequest, node: Node, health: dict, tr: Time
         "gpu_indexes": sorted(int(key) for key in health if key.isdigit())[:MAX_GPUS],
         "throttle_now": gpu_throttle_now(health),
         "node_runs": node_runs(node=node, since=tr.start),
+    }
+
+
+def _node_ledger(request: HttpRequest, node: Node, cluster: Cluster, now: float) -> dict:
+    """The node's ledger (?ledger= days, else 7): its own row first (GPU blank), then each
+    GPU's, as `GET /api/v1/nodes/{name}/ledger` gives them."""
+    node.cluster = cluster  # read already: the ledger names it without a query
+    days = days_valid(request.GET.get("ledger")) or LEDGER_DAYS[0]
+    found = node_ledger(node=node, days=days, now=now).to_dict()
+    own = {k: v for k, v in found.items() if k != "gpus"}
+    return {
+        "ledger": {"days": days, "rows": [{**own, "gpu": None}, *found["gpus"]]},
+        "ledger_days": LEDGER_DAYS,
     }
 
 
