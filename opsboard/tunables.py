@@ -137,6 +137,9 @@ RUN_EVENTS_RETENTION_DAYS = float(env("RUN_EVENTS_RETENTION_DAYS", "90") or 0)
 RUN_EVENTS_MAX_PER_RUN = envint("RUN_EVENTS_MAX_PER_RUN", 10_000)
 # Resolved alerts (with their webhook deliveries); firing and acknowledged ones stay.
 ALERTS_RETENTION_DAYS = float(env("ALERTS_RETENTION_DAYS", "180") or 0)
+# The maintenance ledger: a node back from maintenance that raises a critical finding within
+# this many days is a repeat offender (docs/operations.md, "The maintenance ledger").
+LEDGER_REPEAT_DAYS = float(env("LEDGER_REPEAT_DAYS", "7") or 0)
 # Webhook deliveries, by their creation (none is attempted after a day).
 WEBHOOK_DELIVERIES_RETENTION_DAYS = float(env("WEBHOOK_DELIVERIES_RETENTION_DAYS", "30") or 0)
 # Finished commands (succeeded, failed, expired: by finished_at) with their transitions.

@@ -6,6 +6,13 @@ class NodeState(models.TextChoices):
     CORDONED = "cordoned"
     DRAINING = "draining"
     DOWN = "down"
+    # cordoned for repair ("send to maintenance"): out of run plans until an operator returns
+    # it to service with a note (apps.commands.services.nodes)
+    MAINTENANCE = "maintenance"
+
+
+# Out of run plans by an operator's (or a policy's) word: cordoned, draining, in maintenance.
+OUT_OF_PLANS = frozenset({NodeState.CORDONED, NodeState.DRAINING, NodeState.MAINTENANCE})
 
 
 class NodeDownBy(models.TextChoices):

@@ -7,7 +7,8 @@ class CommandKind(models.TextChoices):
     RESUME = "resume"
     DRAIN = "drain"
     CORDON = "cordon"
-    UNCORDON = "uncordon"
+    UNCORDON = "uncordon"  # of a node in maintenance: returns it to service (a note needed)
+    MAINTENANCE = "maintenance"  # cordon for repair, through the cordon hook
 
 
 class CommandState(models.TextChoices):
@@ -20,7 +21,16 @@ class CommandState(models.TextChoices):
 
 
 RUN_KINDS = frozenset({CommandKind.CHECKPOINT, CommandKind.STOP, CommandKind.RESUME})
-NODE_KINDS = frozenset({CommandKind.DRAIN, CommandKind.CORDON, CommandKind.UNCORDON})
+NODE_KINDS = frozenset(
+    {CommandKind.DRAIN, CommandKind.CORDON, CommandKind.UNCORDON, CommandKind.MAINTENANCE}
+)
+# Carried out in order by the node's carry-out (apps.commands.services.carry_out).
+CARRIED_OUT_KINDS = (
+    CommandKind.CORDON,
+    CommandKind.UNCORDON,
+    CommandKind.DRAIN,
+    CommandKind.MAINTENANCE,
+)
 # What agents receive by long-poll. Node kinds are carried out by the server itself (the
 # node's state, the scheduler hook; drain's checkpoint and stop are commands of their own).
 DELIVERED_KINDS = RUN_KINDS

@@ -32,8 +32,9 @@ class CommandForm(forms.Form):
         kwargs["initial"].setdefault("token", uuid.uuid4())
         super().__init__(*args, **kwargs)
         self.kind, self.target_name = kind, target_name
+        # why a node goes to maintenance is on the record (the service refuses none too)
+        self.fields["reason"].required = kind in CONFIRMED_KINDS or kind == CommandKind.MAINTENANCE
         if kind in CONFIRMED_KINDS:
-            self.fields["reason"].required = True
             # exact: no stripping, so "run-1 " is not "run-1"
             self.fields["confirm"] = forms.CharField(
                 strip=False,

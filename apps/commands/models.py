@@ -171,3 +171,36 @@ class AutoCordonPolicy(models.Model):
     def covers(self, finding: str) -> bool:
         """Whether the policy is on for this kind of critical finding (ecc | xid | sdc)."""
         return self.enabled and bool(getattr(self, f"on_{finding}", False))
+
+
+class MaintenanceVisit(models.Model):
+    """A node's stay in maintenance: sent (a `maintenance` command, its reason) and returned to
+    service (an `uncordon` of the node in maintenance, with a note). The ledger reads them for
+    repeat offenders: back in service and failing again within days."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="maintenance_visits")
+    sent_at = models.DateTimeField()
+    reason = models.TextField()
+    sent_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    returned_at = models.DateTimeField(null=True, blank=True)
+    return_note = models.TextField(blank=True, default="")
+    returned_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+
+    class Meta:
+        constraints = [
+            # at most one open stay a node: returning closes it, sending again opens another
+            models.UniqueConstraint(
+                fields=["node"],
+                condition=models.Q(returned_at__isnull=True),
+                name="maintenance_one_open_per_node",
+            )
+        ]
+        indexes = [models.Index(fields=["cluster", "returned_at"], name="maintenance_returned")]
+
+    def __str__(self) -> str:
+        return f"{self.node} in maintenance since {self.sent_at:%Y-%m-%d}"

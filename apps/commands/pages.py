@@ -65,12 +65,16 @@ def node_commands_context(*, user: Any, cluster: Cluster, node: Node) -> dict[st
         name = node.name
         forms = {}
         state = node_state_expected(node=node)
-        if state == NodeState.CORDONED:
+        if state == NodeState.MAINTENANCE:
+            forms["return"] = CommandForm(kind=CommandKind.UNCORDON, target_name=name)
+            forms["return"].fields["reason"].required = True  # a note of what was done
+        elif state == NodeState.CORDONED:
             forms["uncordon"] = CommandForm(kind=CommandKind.UNCORDON, target_name=name)
         elif state != NodeState.DRAINING:
             forms["cordon"] = CommandForm(kind=CommandKind.CORDON, target_name=name)
-        if state != NodeState.DRAINING:
+        if state not in (NodeState.DRAINING, NodeState.MAINTENANCE):
             forms["drain"] = CommandForm(kind=CommandKind.DRAIN, target_name=name)
+            forms["maintenance"] = CommandForm(kind=CommandKind.MAINTENANCE, target_name=name)
         context["command_forms"] = forms
     return context
 
@@ -80,6 +84,7 @@ _STATE_AFTER = {
     CommandKind.CORDON: NodeState.CORDONED,
     CommandKind.UNCORDON: NodeState.ACTIVE,
     CommandKind.DRAIN: NodeState.DRAINING,
+    CommandKind.MAINTENANCE: NodeState.MAINTENANCE,
 }
 
 

@@ -183,4 +183,5 @@ _NOT_ACTIVE = {
     "": "down",
     NodeState.CORDONED: "cordoned",
     NodeState.DRAINING: "draining",
+    NodeState.MAINTENANCE: "in maintenance",
 }

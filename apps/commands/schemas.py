@@ -15,7 +15,7 @@ from apps.core.params import CLUSTER_MAX_LENGTH
 NAME_MAX_LENGTH = 255  # clusters_node.name, runs_run.name
 WAIT_MAX_S = 30
 KINDS_MAX_LENGTH = 200
-Kind = Literal["checkpoint", "stop", "resume", "drain", "cordon", "uncordon"]
+Kind = Literal["checkpoint", "stop", "resume", "drain", "cordon", "uncordon", "maintenance"]
 State = Literal["issued", "delivered", "accepted", "succeeded", "failed", "expired"]
 
 
@@ -138,7 +138,7 @@ class PlanSkipped(Schema):
 
 class PlanNodeSkipped(Schema):
     node: str
-    state: Literal["cordoned", "draining", "down"]
+    state: Literal["cordoned", "draining", "down", "maintenance"]
     why: str
 
 

@@ -33,6 +33,7 @@ LABELS = {
     "cordon": "Cordon",
     "uncordon": "Uncordon",
     "drain": "Drain",
+    "maintenance": "Send to maintenance",
 }
 
 

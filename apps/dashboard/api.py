@@ -54,6 +54,12 @@ class GpuLedgerOut(LedgerRowOut):
 
 
 class NodeLedgerOut(LedgerRowOut):
+    maintenance: int = Field(description="stays in maintenance it was sent to in the window")
+    repeat: int = Field(
+        description="returns to service in the window followed by a critical finding within "
+        "LEDGER_REPEAT_DAYS: a repeat offender"
+    )
+    in_maintenance: bool
     node: str
     cluster: str
     days: int
@@ -94,6 +100,6 @@ def node_ledger_read(request: HttpRequest, name: str, query: Query[LedgerQuery])
 @replica_reads
 def fleet_ledger_read(request: HttpRequest, query: Query[LedgerQuery]):
     """The costliest nodes and GPUs of the clusters the reader may see (at most 100 each),
-    costliest first: critical findings, then restarts caused, then throttled minutes."""
+    costliest first: repeat offences, critical findings, restarts caused, throttled minutes."""
     clusters = list(clusters_readable(request, query.cluster))
     return fleet_ledger_json(clusters=clusters, days=query.days, now=time.time())

@@ -13,6 +13,8 @@
   const rules = page.rules;
   // At most this many tiles per node, whatever a node claims (the server draws as many).
   const maxGpus = page.max_gpus;
+  // out of run plans by an operator's word (apps.clusters.choices.OUT_OF_PLANS)
+  const OUT_OF_PLANS = new Set(["cordoned", "draining", "maintenance"]);
   const grid = document.getElementById("node-grid");
   const nodes = new Map(page.nodes.map((node) => [node.node, node]));
   const alerts = new Map(page.alerts.map((alert) => [alert.id, alert]));
@@ -55,7 +57,7 @@
     const mine = byNode.get(node.node) || [];
     const silent = node.last_seen === null || now - node.last_seen > rules.silent_down_s;
     const down = node.state === "down" || silent || mine.some((a) => a.kind === "heartbeat");
-    const cordoned = node.state === "cordoned" || node.state === "draining";
+    const cordoned = OUT_OF_PLANS.has(node.state);
     const gpus = Object.keys(node.health).filter((k) => /^\d+$/.test(k)).map(Number);
     const claimed = Number.isInteger(node.gpus) ? node.gpus : 0;
     const count = Math.min(maxGpus, gpus.reduce((most, g) => Math.max(most, g + 1), claimed));
@@ -150,7 +152,7 @@
     set(mark, "data-node-state", node.state); set(mark, "data-down-by", node.down_by || "");
     const text = byScheduler ? "down in the scheduler" : node.state;
     if (mark.textContent !== text) mark.textContent = text;
-    const hidden = node.state !== "cordoned" && node.state !== "draining" && !byScheduler;
+    const hidden = !OUT_OF_PLANS.has(node.state) && !byScheduler;
     if (mark.hidden !== hidden) mark.hidden = hidden;
     let reason = element.querySelector(".node-reason");
     if (!reason) { reason = document.createElement("p"); reason.className = "node-reason"; element.querySelector(".tiles").after(reason); }
@@ -170,15 +172,17 @@
 
   function counts() {
     if (!grid) return;
-    let cordoned = 0, draining = 0, schedulerDown = 0, gpus = 0, ok = 0, firing = 0;
+    let cordoned = 0, draining = 0, maintenance = 0, schedulerDown = 0, gpus = 0, ok = 0, firing = 0;
     nodes.forEach((n) => {
       if (n.state === "cordoned") cordoned++;
       if (n.state === "draining") draining++;
+      if (n.state === "maintenance") maintenance++;
       if (n.down_by === "scheduler") schedulerDown++;
     });
     tileCounts.forEach((c) => { gpus += c.gpus; ok += c.ok; });
     alerts.forEach((a) => { if (a.state === "firing") firing++; });
     count("count-cordoned", cordoned); count("count-draining", draining);
+    count("count-maintenance", maintenance);
     count("count-scheduler-down", schedulerDown); count("count-gpus", gpus);
     count("count-healthy", ok); count("count-firing", firing);
   }

@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 from apps.access.services import role_grant, user_token_issue
 from apps.clusters.models import Cluster, Node
 from apps.clusters.services import token_issue
+from apps.commands.choices import CARRIED_OUT_KINDS
 from apps.commands.models import Command
 from apps.runs.models import Run, RunEvent, StepReport
 
@@ -83,9 +84,7 @@ def settled(cluster: Cluster, timeout: float = 60.0) -> None:
     """Wait until the live stack's worker carried out every node command of the cluster
     (none is `issued` any more): node commands answer at once and run their hook later."""
     deadline = time.monotonic() + timeout
-    pending = Command.objects.filter(
-        cluster=cluster, kind__in=["cordon", "uncordon", "drain"], state="issued"
-    )
+    pending = Command.objects.filter(cluster=cluster, kind__in=CARRIED_OUT_KINDS, state="issued")
     while pending.exists():
         if time.monotonic() > deadline:
             raise AssertionError(f"node commands still issued: {list(pending)}")

@@ -266,3 +266,28 @@ def test_a_cordon_on_its_way_offers_the_uncordon_and_no_second_cordon(operator):
     page = operator.get(NODE_PAGE).content.decode()
     assert 'data-action="uncordon"' in page and 'data-action="cordon"' not in page
     assert re.search(r'<tr data-command-id="[^"]+" data-kind="cordon" data-state="issued"', page)
+
+
+def test_maintenance_wants_a_reason_and_return_wants_a_note(live_stack, transactional_db, operator):
+    page = operator.get(NODE_PAGE).content.decode()
+    assert 'data-action="maintenance-submit"' in page and 'data-action="return"' not in page
+    url = f"{NODE_PAGE}commands/maintenance"
+    assert post(operator, url, reason="").status_code == 400
+    assert post(operator, url, reason="fans failing on GPU 2").status_code == 302
+    settled(Cluster.objects.get(name="alpha"))
+    node = Node.objects.get(cluster__name="alpha")
+    assert (node.state, node.cordon_reason) == ("maintenance", "fans failing on GPU 2")
+    page = operator.get(NODE_PAGE).content.decode()
+    assert 'data-action="return"' in page
+    for action in ("cordon", "uncordon", "drain", "maintenance-submit"):
+        assert f'data-action="{action}"' not in page
+    overview = operator.get("/clusters/alpha/").content.decode()
+    assert '<span id="count-maintenance">1</span>' in overview
+    # returning it without a note of what was done is refused, by the form and the service
+    refused = post(operator, f"{NODE_PAGE}commands/uncordon", reason=" ")
+    assert refused.status_code == 400 and "takes a note" in refused.content.decode()
+    assert not Command.objects.filter(kind="uncordon").exists()
+    done = post(operator, f"{NODE_PAGE}commands/uncordon", reason="fans replaced")
+    assert done.status_code == 302
+    settled(Cluster.objects.get(name="alpha"))
+    assert Node.objects.get(cluster__name="alpha").state == "active"

@@ -13,7 +13,7 @@ from django.test import Client
 
 from apps.audit.models import AuditEntry
 from apps.clusters.models import Node
-from apps.commands.models import ClusterHooks
+from apps.commands.models import ClusterHooks, MaintenanceVisit
 from apps.commands.plan import run_plan
 from apps.commands.presets import SLURM, hooks_preset
 from launcher.procs import wait_until
@@ -85,3 +85,47 @@ def test_cordon_drains_in_slurm_and_slurm_drains_show_in_opsboard(live_stack, wo
         COMMANDS_STATE_HOOK_INTERVAL + 15,
         "the scheduler's resume in Opsboard",
     )
+
+
+def test_maintenance_drains_in_slurm_and_returns_to_service_with_a_note(live_stack, world, slurm):
+    """Send to maintenance: the same cordon hook (Slurm drains the node, the reason says
+    maintenance), the node `maintenance` until an operator returns it with a note; both
+    audited, the stay recorded for the ledger."""
+    ClusterHooks.objects.create(
+        cluster=world.cluster, timeout_s=20, **hooks_preset(SLURM, {"SLURM_CONF": str(slurm.conf)})
+    )
+    with client(live_stack, world.operator_secret) as operator:
+        answer = issue(operator, kind="maintenance", node=NODE, reason="XID 79 twice a week")
+        assert answer.status_code == 202, answer.text
+        settled(world.cluster)
+        assert slurm.nodes()[NODE] == ("drained", "opsboard: maintenance: XID 79 twice a week")
+        assert state(world) == ("maintenance", "")
+        skipped = run_plan(run=world.run)["nodes_skipped"]
+        assert [(s["node"], s["why"]) for s in skipped] == [
+            (NODE, "in maintenance: XID 79 twice a week")
+        ]
+
+        refused = issue(operator, kind="uncordon", node=NODE)
+        assert refused.status_code == 400
+        assert refused.json()["errors"][0]["loc"] == "reason"
+        assert state(world) == ("maintenance", "")
+
+        back = issue(operator, kind="uncordon", node=NODE, reason="GPU 3 replaced, RMA 77")
+        assert back.status_code == 202, back.text
+        settled(world.cluster)
+        wait_until(lambda: slurm.nodes()[NODE] == ("idle", "none"), 10, "the node resumed")
+        assert state(world) == ("active", "")
+    visit = MaintenanceVisit.objects.get(node__name=NODE, cluster=world.cluster)
+    assert (visit.reason, visit.return_note) == (
+        "XID 79 twice a week", "GPU 3 replaced, RMA 77"
+    )  # fmt: skip
+    assert visit.sent_by == visit.returned_by == world.operator and visit.returned_at
+    outcomes = dict(
+        AuditEntry.objects.filter(cluster_id=world.cluster.pk, action__startswith="node.")
+        .values_list("action", "outcome")
+    )  # fmt: skip
+    assert outcomes == {"node.maintenance": "succeeded", "node.uncordon": "succeeded"}
+    invalid = AuditEntry.objects.get(
+        cluster_id=world.cluster.pk, action="command.uncordon", outcome="invalid"
+    )
+    assert invalid.detail["loc"] == "reason"

@@ -153,3 +153,31 @@ def test_it_refuses_a_window_it_does_not_keep(viewer):
     assert api.json()["errors"] == [{"loc": "days", "msg": "one of 7, 30, 90"}]
     page = viewer.get("/fleet/", {"days": 5})
     assert page.status_code == 400 and page.json() == api.json()
+
+
+def test_it_names_a_repeat_offender_and_a_node_in_maintenance(viewer, fleet):
+    """Back from maintenance and failing again within LEDGER_REPEAT_DAYS: a repeat offender,
+    ranked first; a node only in maintenance is on the ledger too."""
+    from apps.commands.models import MaintenanceVisit
+
+    fine = Node.objects.get(cluster=fleet, name="node-02")
+    MaintenanceVisit.objects.create(
+        cluster=fleet, node=fine, sent_at=at(5 * DAY), reason="fans",
+        returned_at=at(3 * DAY), return_note="fans replaced",
+    )  # fmt: skip
+    alert(fleet, fine, "thermal", gpu=0, severity="critical", opened=2 * DAY, resolved=DAY)
+    quiet = Node.objects.create(cluster=fleet, name="node-03")
+    MaintenanceVisit.objects.create(cluster=fleet, node=quiet, sent_at=at(40 * DAY), reason="PSU")
+    api = viewer.get("/api/v1/ledger", {"days": 7}).json()
+    assert [n["node"] for n in api["nodes"]] == ["node-02", "node-01", "node-03"]
+    repeat = api["nodes"][0]
+    assert (repeat["maintenance"], repeat["repeat"], repeat["in_maintenance"]) == (1, 1, False)
+    assert (api["nodes"][2]["maintenance"], api["nodes"][2]["in_maintenance"]) == (0, True)
+    node = viewer.get("/api/v1/nodes/node-02/ledger").json()
+    assert node["repeat"] == 1 and "repeat" not in node["gpus"][0]
+    page = viewer.get("/fleet/").content.decode()
+    assert '<td data-col="repeat" class="repeat">1</td>' in page
+    assert "0 (there now)" in page
+    # a critical finding from before its return makes no repeat offender
+    Alert.objects.filter(node=fine, kind="thermal").update(opened_at=at(4 * DAY))
+    assert viewer.get("/api/v1/nodes/node-02/ledger").json()["repeat"] == 0

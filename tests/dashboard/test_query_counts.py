@@ -37,12 +37,12 @@ PAGES = {
     # a chunk probe and a read of the last minute's reports)
     "run": ("/clusters/{c}/runs/" + RUN + "/", 22),
     # + its commands, its runs and ranks, and (for an operator) its state once its node
-    # commands still issued are carried out (the buttons it offers), its ledger (3: its
-    # alerts, its XID and ECC events, the restarts it caused)
-    "node": ("/clusters/{c}/nodes/node-00/", 23),
-    # session, user, the clusters; the ledger's 3 and its nodes, for this window and the one
+    # commands still issued are carried out (the buttons it offers), its ledger (4: its
+    # alerts, its XID and ECC events, the restarts it caused, its stays in maintenance)
+    "node": ("/clusters/{c}/nodes/node-00/", 24),
+    # session, user, the clusters; the ledger's 4 and its nodes, for this window and the one
     # before (the trend)
-    "fleet": ("/fleet/?cluster={c}", 10),
+    "fleet": ("/fleet/?cluster={c}", 12),
     "alerts": ("/alerts/?cluster={c}", 5),
 }
 

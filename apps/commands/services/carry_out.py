@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from apps.audit.models import AuditEntry
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Node
-from apps.commands.choices import CommandKind, CommandState
+from apps.commands.choices import CARRIED_OUT_KINDS, CommandKind, CommandState
 from apps.commands.models import Command
 from apps.commands.services.core import CommandConflict, command_transition
 from apps.commands.services.node_commands import (
@@ -54,7 +54,7 @@ def node_command_carry_out(*, command_id: uuid.UUID | str) -> Command | None:
 def _due(node_id: int):
     return Command.objects.filter(
         node_id=node_id,
-        kind__in=[CommandKind.CORDON, CommandKind.UNCORDON, CommandKind.DRAIN],
+        kind__in=CARRIED_OUT_KINDS,
         state=CommandState.ISSUED,
     ).order_by("issued_at", "id")
 
@@ -79,6 +79,9 @@ def _carry_out(*, command: Command, node: Node) -> Command:
     try:
         if command.kind == CommandKind.CORDON:
             hook = node_cordon(node=node, reason=command.reason, **actor)
+        elif command.kind == CommandKind.MAINTENANCE:
+            state = NodeState.MAINTENANCE
+            hook = node_cordon(node=node, reason=command.reason, state=state, **actor)
         else:
             hook = node_uncordon(node=node, reason=command.reason, **actor)
     except HookFailed as failed:

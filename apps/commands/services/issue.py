@@ -21,7 +21,7 @@ from apps.commands.choices import (
     CommandKind,
     CommandState,
 )
-from apps.commands.models import Command, CommandTransition
+from apps.commands.models import Command, CommandTransition, MaintenanceVisit
 from apps.commands.plan import run_plan
 from apps.commands.selectors import commands_pending
 from apps.commands.services.checkpoints import checkpoint_evaluate
@@ -89,7 +89,7 @@ def command_issue(
         "request": request,
     }
     try:
-        _validate(cluster=cluster, kind=kind, run=run, node=node)
+        _validate(cluster=cluster, kind=kind, run=run, node=node, reason=reason)
     except CommandInvalid as invalid:
         _audit_invalid(kind=kind, audit=audit, loc=invalid.loc, msg=invalid.msg)
         raise
@@ -189,17 +189,37 @@ def _admit(
     return (drain, False) if drain is not None else None
 
 
-def _validate(*, cluster: Cluster, kind: str, run: Run | None, node: Node | None) -> None:
+def _validate(
+    *, cluster: Cluster, kind: str, run: Run | None, node: Node | None, reason: str
+) -> None:
     if kind in RUN_KINDS and run is None:
         raise CommandInvalid("run", f"a {kind} command names a run")
     if kind in NODE_KINDS and node is None:
         raise CommandInvalid("node", f"a {kind} command names a node")
     if kind not in RUN_KINDS | NODE_KINDS:
         raise CommandInvalid("kind", f"unknown kind {kind!r}")
+    if node is not None and not reason.strip() and _needs_note(kind, node):
+        raise CommandInvalid("reason", _NOTE_NEEDED[kind])
     if run is not None and run.cluster_id != cluster.pk:
         raise CommandInvalid("run", "the run is in another cluster")
     if node is not None and node.cluster_id != cluster.pk:
         raise CommandInvalid("node", "the node is in another cluster")
+
+
+# Maintenance is on the record: why a node went, and what was done before it came back.
+_NOTE_NEEDED = {
+    CommandKind.MAINTENANCE: "sending a node to maintenance takes a reason",
+    CommandKind.UNCORDON: "returning a node from maintenance takes a note of what was done",
+}
+
+
+def _needs_note(kind: str, node: Node) -> bool:
+    if kind == CommandKind.MAINTENANCE:
+        return True
+    if kind != CommandKind.UNCORDON:
+        return False
+    # its stay, not its state: a node in maintenance that was cordoned again is still there
+    return MaintenanceVisit.objects.filter(node=node, returned_at__isnull=True).exists()
 
 
 def _resume_args(*, run: Run, args: dict[str, Any]) -> dict[str, Any]:

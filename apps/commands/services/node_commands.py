@@ -24,7 +24,7 @@ from django.utils import timezone
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Node
 from apps.clusters.services import node_mark_down
-from apps.commands.choices import LIVE_STATES, CommandKind, CommandState
+from apps.commands.choices import CARRIED_OUT_KINDS, LIVE_STATES, CommandKind, CommandState
 from apps.commands.models import Command
 from apps.core.tasks import task_enqueue
 
@@ -101,7 +101,7 @@ def node_commands_resend() -> int:
     again (a task for a node whose commands are being carried out returns at once)."""
     cutoff = timezone.now() - timedelta(seconds=settings.COMMANDS_NODE_RETRY_AFTER_S)
     late = Command.objects.filter(
-        kind__in=[CommandKind.CORDON, CommandKind.UNCORDON, CommandKind.DRAIN],
+        kind__in=CARRIED_OUT_KINDS,
         state=CommandState.ISSUED,
         issued_at__lte=cutoff,
     ).values_list("pk", flat=True)

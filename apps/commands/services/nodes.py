@@ -17,7 +17,7 @@ from apps.audit.services import audit_record
 from apps.clusters.choices import NodeState
 from apps.clusters.models import Node
 from apps.commands.choices import NODE_NAME_PATTERN
-from apps.commands.models import ClusterHooks
+from apps.commands.models import ClusterHooks, MaintenanceVisit
 
 OUTPUT_KEPT = 4000  # characters of a hook's stdout / stderr kept in the audit entry
 # After a timeout's SIGKILL, how long to wait for the hook's pipes to close
@@ -141,21 +141,28 @@ def node_cordon(
     state: str = NodeState.CORDONED,
     hook: str = "cordon",
 ) -> HookResult | None:
-    """Take the node out of run plans (state `cordoned`, or `draining` for a drain), after
-    the scheduler hook agreed. A failing hook raises HookFailed and changes nothing."""
-    result = hook_run(node=node, which=hook, reason=reason)
+    """Take the node out of run plans (state `cordoned`, `draining` for a drain, or
+    `maintenance`: cordoned for repair, through the cordon hook, its stay recorded as a
+    MaintenanceVisit), after the scheduler hook agreed. A failing hook raises HookFailed and
+    changes nothing."""
+    maintenance = state == NodeState.MAINTENANCE
+    # the scheduler's drain reason says it is maintenance, not a plain cordon
+    told = f"maintenance: {reason}" if maintenance else reason
+    result = hook_run(node=node, which=hook, reason=told)
     ok = result is None or result.ok
+    action = "node.maintenance" if maintenance else f"node.{hook}"
     with transaction.atomic():
         if ok:
+            now = timezone.now()
             Node.objects.filter(pk=node.pk).update(
                 state=state,
                 cordon_reason=reason,
-                cordoned_at=timezone.now(),
+                cordoned_at=now,
                 cordoned_by_id=getattr(actor_user, "pk", None),
             )
-        _audit(
-            f"node.{hook}", ok, node, reason, result, actor_user, actor_kind, actor_name, request
-        )
+            if maintenance:
+                _visit_open(node, reason, actor_user, now)
+        _audit(action, ok, node, reason, result, actor_user, actor_kind, actor_name, request)
     if not ok:
         raise HookFailed(result)
     return result
@@ -170,13 +177,19 @@ def node_uncordon(
     actor_name: str = "",
     request=None,
 ) -> HookResult | None:
-    """Return the node to run plans (state `active`) after the uncordon hook agreed."""
+    """Return the node to run plans (state `active`) after the uncordon hook agreed; a node
+    in maintenance is returned to service, its stay closed with `reason` as the note."""
     result = hook_run(node=node, which="uncordon", reason=reason)
     ok = result is None or result.ok
     with transaction.atomic():
         if ok:
             Node.objects.filter(pk=node.pk).update(
                 state=NodeState.ACTIVE, cordon_reason="", cordoned_at=None, cordoned_by_id=None
+            )
+            MaintenanceVisit.objects.filter(node=node, returned_at__isnull=True).update(
+                returned_at=timezone.now(),
+                return_note=reason,
+                returned_by_id=getattr(actor_user, "pk", None),
             )
         _audit(
             "node.uncordon", ok, node, reason, result, actor_user, actor_kind, actor_name, request
@@ -189,6 +202,20 @@ def node_uncordon(
 def node_drain_settle(*, node_id: int) -> None:
     """A drain is over (however it ended): a draining node ends cordoned."""
     Node.objects.filter(pk=node_id, state=NodeState.DRAINING).update(state=NodeState.CORDONED)
+
+
+def _visit_open(node: Node, reason: str, actor_user, now) -> None:
+    """Open the node's stay in maintenance; one already open (sent again) stands, with the
+    newer reason."""
+    opened = MaintenanceVisit.objects.filter(node=node, returned_at__isnull=True)
+    if not opened.update(reason=reason):
+        MaintenanceVisit.objects.create(
+            cluster_id=node.cluster_id,
+            node=node,
+            sent_at=now,
+            reason=reason,
+            sent_by_id=getattr(actor_user, "pk", None),
+        )
 
 
 def _audit(action, ok, node, reason, result, actor_user, actor_kind, actor_name, request):

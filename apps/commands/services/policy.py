@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from apps.clusters.choices import NodeState
+from apps.clusters.choices import OUT_OF_PLANS
 from apps.clusters.models import Node
 from apps.commands.choices import IDEMPOTENCY_SYSTEM, LIVE_STATES, CommandKind
 from apps.commands.models import AutoCordonPolicy, Command
@@ -77,7 +77,7 @@ def policy_apply(*, alert: dict[str, Any]) -> Command | None:
     if mine.filter(cluster_id=alert["cluster_id"]).exists():
         return None  # this alert acted already (it escalated after opening, say)
     node = Node.objects.select_related("cluster").filter(pk=alert["node_id"]).first()
-    if node is None or node.state in (NodeState.CORDONED, NodeState.DRAINING):
+    if node is None or node.state in OUT_OF_PLANS:
         return None
     if Command.objects.filter(
         node_id=node.pk, kind__in=[CommandKind.CORDON, CommandKind.DRAIN], state__in=LIVE_STATES

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from apps.alerts.choices import OPEN_STATES
-from apps.clusters.choices import NodeState
+from apps.clusters.choices import OUT_OF_PLANS, NodeState
 from apps.core.bounds import MAX_GPUS
 from detectors.config import DEFAULT_CONFIG
 
@@ -187,7 +187,7 @@ def _node_state(node: dict[str, Any], alerts: list[dict[str, Any]], now: float) 
     silent = node["last_seen"] is None or now - node["last_seen"] > HEALTH_RULES["silent_down_s"]
     if node["state"] == NodeState.DOWN or silent or any(a["kind"] == "heartbeat" for a in alerts):
         return "down"
-    if node["state"] in (NodeState.CORDONED, NodeState.DRAINING):
+    if node["state"] in OUT_OF_PLANS:
         return "cordoned"
     return None
 

@@ -10,14 +10,18 @@ What a ledger row counts, each from what the server already keeps:
 - `thermal_min` and `power_min`: the minutes its `thermal` and `power` alerts were open,
   clipped to the window.
 - `straggler`: how many times it was named the straggler (its `straggler` alerts).
+- `maintenance` (node rows): its stays in maintenance sent in the window, `in_maintenance`
+  whether it is there now, and `repeat`: its returns to service in the window followed by a
+  critical finding within LEDGER_REPEAT_DAYS (a repeat offender: back and failing again).
 - `restarts` and `rollbacks`: the run restarts it caused. A `restart` event is laid at the
   door of the newest critical alert of that run that was open when the job restarted, or had
   resolved within RESTART_CAUSE_S before; a restart caused by silent corruption (`sdc`) is a
   rollback (the job went back to a checkpoint from before the corruption).
 
 A row per GPU holds what named that GPU; the node's own row holds everything of the node,
-its GPUs included. The cost that ranks the fleet: critical findings, then restarts, then
-throttled minutes. Reads are scoped to the clusters given (the caller's visible ones).
+its GPUs included. The cost that ranks the fleet: repeat offences, then critical findings,
+then restarts, then throttled minutes. Reads are scoped to the clusters given (the caller's
+visible ones).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connections
 
 from apps.clusters.models import Cluster, Node
@@ -80,6 +85,22 @@ WHERE e.cluster_id = ANY(%(clusters)s) AND e.kind = 'restart' AND e.run_id IS NO
   AND e.ts >= %(since)s AND e.ts < %(now)s
 """
 
+_VISITS_SQL = """
+SELECT v.node_id,
+       count(*) FILTER (WHERE v.sent_at >= %(since)s AND v.sent_at < %(now)s),
+       count(*) FILTER (WHERE v.returned_at >= %(since)s AND v.returned_at < %(now)s
+         AND EXISTS (SELECT 1 FROM alerts_alert a
+                     WHERE a.node_id = v.node_id AND a.severity = 'critical'
+                       AND a.opened_at > v.returned_at AND a.opened_at < %(now)s
+                       AND a.opened_at <= v.returned_at + %(repeat)s * interval '1 day')),
+       bool_or(v.returned_at IS NULL)
+FROM commands_maintenancevisit v
+WHERE v.cluster_id = ANY(%(clusters)s)
+  AND (%(node)s::bigint IS NULL OR v.node_id = %(node)s)
+  AND (v.returned_at IS NULL OR v.returned_at >= %(since)s)
+GROUP BY 1
+"""
+
 
 @dataclass
 class LedgerRow:
@@ -95,15 +116,26 @@ class LedgerRow:
     power_s: float = 0.0
     restarts: int = 0
     rollbacks: int = 0
+    maintenance: int = 0
+    repeat: int = 0
+    in_maintenance: bool = False
 
     @property
     def straggler(self) -> int:
         return self.findings.get("straggler", 0)
 
     @property
-    def cost(self) -> tuple[int, int, float, int]:
+    def cost(self) -> tuple[int, int, int, float, int]:
         """What ranks the fleet, costliest first when sorted in reverse."""
-        return (self.critical, self.restarts, self.thermal_s + self.power_s, self.total)
+        throttled = self.thermal_s + self.power_s
+        return (self.repeat, self.critical, self.restarts, throttled, self.total)
+
+    @property
+    def noted(self) -> bool:
+        """Whether anything is on the ledger (a node only in maintenance is)."""
+        return bool(self.total or self.xid or self.ecc or self.restarts or self.maintenance) or (
+            self.in_maintenance
+        )
 
     @property
     def total(self) -> int:
@@ -120,8 +152,12 @@ class LedgerRow:
         self.power_s += other.power_s
         self.restarts += other.restarts
         self.rollbacks += other.rollbacks
+        self.maintenance += other.maintenance
+        self.repeat += other.repeat
+        self.in_maintenance |= other.in_maintenance
 
     def to_dict(self) -> dict[str, Any]:
+        stays = {"maintenance": self.maintenance, "repeat": self.repeat}
         return {
             "gpu": self.gpu,
             "findings": dict(sorted(self.findings.items())),
@@ -136,6 +172,7 @@ class LedgerRow:
             "straggler": self.straggler,
             "restarts": self.restarts,
             "rollbacks": self.rollbacks,
+            **(stays | {"in_maintenance": self.in_maintenance} if self.gpu is None else {}),
         }
 
 
@@ -159,7 +196,7 @@ class NodeLedger:
 
 
 def node_ledger(*, node: Node, days: int, now: float) -> NodeLedger:
-    """The node's ledger over the `days` before `now`. Three queries."""
+    """The node's ledger over the `days` before `now`. Four queries."""
     rows = _rows([node.cluster_id], days, now, node_id=node.id)
     return _ledger_of(node, days, rows)
 
@@ -168,7 +205,7 @@ def fleet_ledgers(
     *, clusters: Sequence[Cluster], days: int, now: float, limit: int = FLEET_ROWS_MAX
 ) -> list[NodeLedger]:
     """The costliest nodes of `clusters` over the `days` before `now`, costliest first (at
-    most `limit`; nodes with nothing in the window are left out). Four queries."""
+    most `limit`; nodes with nothing in the window are left out). Five queries."""
     rows = _rows([c.id for c in clusters], days, now, node_id=None)
     node_ids = {row.node_id for row in rows}
     nodes = Node.objects.using(read_alias()).select_related("cluster").in_bulk(node_ids)
@@ -177,6 +214,7 @@ def fleet_ledgers(
         for node_id in node_ids
         if node_id in nodes
     ]
+    ledgers = [ledger for ledger in ledgers if ledger.total.noted]
     ledgers.sort(key=lambda ledger: (ledger.total.cost, ledger.node.name), reverse=True)
     return ledgers[:limit]
 
@@ -215,6 +253,7 @@ def ledger_csv_rows(fleet: dict[str, Any]) -> list[list[Any]]:
     """The fleet ledger as CSV rows: a header, then each node's row followed by its GPUs'."""
     header = ["cluster", "node", "gpu", "findings", "critical", "xid", "ecc_errors"]
     header += ["thermal_minutes", "power_minutes", "straggler", "restarts", "rollbacks"]
+    header += ["maintenance", "repeat"]
     out: list[list[Any]] = [header]
     for node in fleet["nodes"]:
         for row in [node, *node["gpus"]]:
@@ -232,6 +271,8 @@ def ledger_csv_rows(fleet: dict[str, Any]) -> list[list[Any]]:
                     row["straggler"],
                     row["restarts"],
                     row["rollbacks"],
+                    row.get("maintenance", ""),
+                    row.get("repeat", ""),
                 ]
             )
     return out
@@ -253,13 +294,15 @@ def _ledger_of(node: Node, days: int, rows: list[LedgerRow]) -> NodeLedger:
 
 
 def _rows(cluster_ids: list[int], days: int, now: float, *, node_id: int | None) -> list[LedgerRow]:
-    """One LedgerRow per (node, gpu) with anything in the window."""
+    """One LedgerRow per (node, gpu) with anything in the window; a node's maintenance
+    stays on its own row (gpu None)."""
     params = {
         "clusters": cluster_ids,
         "node": node_id,
         "now": to_datetime(now),
         "since": to_datetime(now) - timedelta(days=days),
         "cause": RESTART_CAUSE_S,
+        "repeat": settings.LEDGER_REPEAT_DAYS,
     }
     found: dict[tuple[int, int | None], LedgerRow] = {}
 
@@ -288,4 +331,8 @@ def _rows(cluster_ids: list[int], days: int, now: float, *, node_id: int | None)
             entry = row(node, gpu)
             entry.restarts += 1
             entry.rollbacks += kind == "sdc"
+        cursor.execute(_VISITS_SQL, params)
+        for node, sent, repeat, staying in cursor.fetchall():
+            entry = row(node, None)
+            entry.maintenance, entry.repeat, entry.in_maintenance = sent, repeat, staying
     return list(found.values())

@@ -94,6 +94,7 @@ def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
         # out of run plans: a cordoned node, and a draining one (its drain not yet over)
         "cordoned": sum(node["state"] == NodeState.CORDONED for node in nodes),
         "draining": sum(node["state"] == NodeState.DRAINING for node in nodes),
+        "maintenance": sum(node["state"] == NodeState.MAINTENANCE for node in nodes),
         # drained, down or not responding in the scheduler (its state hook), with its reason
         "scheduler_down": sum(node["down_by"] == NodeDownBy.SCHEDULER for node in nodes),
         "newest_alert_rows": alert_rows[:OVERVIEW_ALERTS],
