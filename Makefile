@@ -70,9 +70,10 @@ lint: install-torch
 
 # Every simulated fault × 3 seeds at two noise levels (CV 10 % and 30 %, spikes on), a
 # 2-hour clean run per level, the DDP jobs and the straggler sensitivity table, through a
-# live stack, replayed and scored: recall, false alarms, time to detect, culprit
-# (docs/evaluation.md). EVALUATE_ARGS="--fault straggler --noise 0.3" for a part of it.
-EVALUATE_ARGS ?= --sensitivity
+# live stack, replayed and scored: recall, false alarms, time to detect, culprit, and
+# make demo's first ten minutes, fresh and restarted (docs/evaluation.md).
+# EVALUATE_ARGS="--fault straggler --noise 0.3" for a part of it.
+EVALUATE_ARGS ?= --sensitivity --demo
 evaluate: install-torch
 	$(PY) manage.py evaluate_detectors $(EVALUATE_ARGS)
 

@@ -51,6 +51,12 @@ class DetectorConfig:
     oom_horizon_s: float = 600.0
     oom_trend_window_s: float = 300.0
     oom_trend_min_points: int = 5
+    # ... and a trend is one only over at least this many seconds of samples (the ETA then
+    # extrapolates the span ~10x, not ~100x as from 5 samples a second apart) ...
+    oom_trend_min_span_s: float = 60.0
+    # ... with a rise over that span of more than this many σ of the series' own noise
+    # (robust σ of one sample, from the MAD of successive differences; issue 29)
+    oom_trend_noise_k: float = 4.0
     # thermal / power / host-starved input: a condition "for T seconds" holds when at least
     # this share of the samples of the last T seconds meet it (not every single sample)
     sustain_share: float = 0.8

@@ -3,14 +3,32 @@
 Why `oom_risk` holds under noise: the level it compares with `oom_mem_share` is the median
 of the newest three samples, so one spiking reading is no risk and one low reading hides
 none. The trend is a Theil–Sen fit (the median of the pairwise slopes) over the medians of
-up to 12 equal slices of the last `oom_trend_window_s` seconds, needing
-`oom_trend_min_points` samples: a single outlier moves at most one slice median, and the
-slope median ignores up to ~29% of wild slices, where a least-squares line swings with one
-far point. The trend counts only while the newest level is still on the fitted line (after
-a crash frees memory, the earlier climb predicts nothing).
+up to 12 equal slices of the last `oom_trend_window_s` seconds: a single outlier moves at
+most one slice median, and the slope median ignores up to ~29% of wild slices, where a
+least-squares line swings with one far point. The trend counts only while the newest level
+is still on the fitted line (after a crash frees memory, the earlier climb predicts
+nothing).
+
+A robust slope is still a slope of noise when there is little to fit: five samples a second
+apart of a flat series jittering by 0.2 % read as tens of MiB/s, and extrapolated to an
+ETA of minutes that was an `oom_risk` on a healthy job's first seconds (issue 29: nine of
+them on every `make demo` start). So a growth finding also needs evidence that there is
+growth: at least `oom_trend_min_points` samples spanning `oom_trend_min_span_s` seconds
+(the ETA extrapolates the span ~10x, not ~100x), and a rise predicted over that span of more
+than `oom_trend_noise_k` times the series' own noise. The noise is the robust σ of one
+sample from the MAD of successive differences: a trend, or a climb that began mid-window,
+adds a constant to the differences, which the MAD removes, where residuals about the
+fitted line would count the misfit of a late climb as noise and hold a real leak back. A
+real climb passes both at once (50 MiB/s rises 3 GiB in a minute, against ~75 MiB of
+jitter); a flat series would need a ~4σ drift in the fitted slope, and then still an ETA
+within `oom_horizon_s`. Hysteresis is the alert's: an open `oom_risk` resolves only once
+no finding has come for `ALERT_HOLD_DOWN_S`, and a real climb's rise only grows.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 from detectors.common import (
     median,
@@ -28,16 +46,36 @@ GIB = 2**30
 SLICES = 12
 
 
+# σ of a normal sample from the MAD, and from a difference of two samples: σ√2.
+MAD_TO_SIGMA = 1.4826
+DIFF_TO_SAMPLE = 1 / math.sqrt(2)
+
+
+@dataclass(frozen=True)
+class Trend:
+    """A fitted trend of `points`: `rate` per second, the line's value at the newest time,
+    the series' own noise (robust σ of one sample) and the seconds the points span."""
+
+    rate: float
+    fitted: float
+    noise: float
+    span: float
+
+    def significant(self, k: float) -> bool:
+        """The rise the rate predicts over the span is more than `k` σ of noise."""
+        return self.rate > 0 and self.rate * self.span > k * self.noise
+
+
 def slope(points: list[tuple[float, float]]) -> float:
     """Robust slope of value over time (units per second): Theil–Sen over slice medians
     (see the module docstring); 0 for < 2 distinct times."""
-    return trend(points)[0]
+    return trend(points).rate
 
 
-def trend(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(slope, the fitted value at the newest time) of `points`, oldest first."""
+def trend(points: list[tuple[float, float]]) -> Trend:
+    """The Theil–Sen `Trend` of `points`, oldest first (see the module docstring)."""
     if not points:
-        return 0.0, 0.0
+        return Trend(0.0, 0.0, 0.0, 0.0)
     n = len(points)
     k = min(n, SLICES)
     slices = [points[i * n // k : (i + 1) * n // k] for i in range(k)]
@@ -50,7 +88,18 @@ def trend(points: list[tuple[float, float]]) -> tuple[float, float]:
     ]
     rate = median(slopes) if slopes else 0.0
     last = points[-1][0]
-    return rate, median([v + rate * (last - t) for t, v in centres])
+    fitted = median([v + rate * (last - t) for t, v in centres])
+    return Trend(rate, fitted, noise(points), last - points[0][0])
+
+
+def noise(points: list[tuple[float, float]]) -> float:
+    """Robust σ of one sample about its neighbours: the MAD of successive differences
+    (a trend shifts them all alike, so it is no noise); 0 for < 3 points."""
+    if len(points) < 3:
+        return 0.0
+    diffs = [b[1] - a[1] for a, b in zip(points, points[1:], strict=False)]
+    centre = median(diffs)
+    return MAD_TO_SIGMA * DIFF_TO_SAMPLE * median([abs(d - centre) for d in diffs])
 
 
 def detect(
@@ -80,12 +129,16 @@ def _risk(window: ClusterWindow, config: DetectorConfig) -> list[Finding]:
         cutoff = last_ts - config.oom_trend_window_s
         recent = [p for p in series.points if p[0] >= cutoff]
         rate, fitted = 0.0, used
-        if len(recent) >= config.oom_trend_min_points and recent[-1][0] > recent[0][0]:
+        span = last_ts - recent[0][0]
+        # Enough samples over enough time, or the slope is the jitter of a few readings.
+        if len(recent) >= config.oom_trend_min_points and span >= config.oom_trend_min_span_s:
             # The rate between the medians of both ends screens out flat series cheaply.
             first = median([v for _, v in recent[:3]])
-            rough = (used - first) / (last_ts - recent[0][0])
+            rough = (used - first) / span
             if rough > 0 and (total - used) / rough <= 3 * config.oom_horizon_s:
-                rate, fitted = trend(recent)
+                fit = trend(recent)
+                if fit.significant(config.oom_trend_noise_k):
+                    rate, fitted = fit.rate, fit.fitted
         # A trend only counts while memory is still on it: after a crash frees it, the
         # earlier climb no longer predicts anything.
         rising = rate > 0 and used >= fitted - 0.03 * total

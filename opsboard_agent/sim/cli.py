@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KIND:key=value,...",
         help="inject a fault, e.g. straggler:rank=5,at=60,factor=1.4 (repeatable)",
     )
+    parser.add_argument(
+        "--ago",
+        type=float,
+        default=0.0,
+        help="end the timeline this many seconds before now (an earlier session of a cluster"
+        " that is then simulated again, as `make demo` started twice)",
+    )
     parser.add_argument("--scenario-out", type=Path, help="write the scenario JSON here")
     parser.add_argument("--spool-dir", type=Path, help="default: a fresh temporary directory")
     parser.add_argument("--drain-timeout", type=float, default=60.0)
@@ -111,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not 0 < args.duration <= MAX_DURATION_S:
         parser.error(f"--duration must be in (0, {MAX_DURATION_S}] simulated seconds")
+    if not 0 <= args.ago <= MAX_DURATION_S - args.duration:
+        parser.error("--ago must be >= 0 and leave the timeline within the last 6 days")
     if not args.speed >= 1:
         parser.error("--speed must be >= 1 (timestamps may not run ahead of the wall clock)")
     try:
@@ -138,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.server or not token:
             parser.error("--server and --token-file (or --token) are required, or --dry-run")
     model = ClusterModel(layout, faults, config)
-    # One anchor: simulated second t is base_ts + t, and the last one is about "now".
-    base_ts = time.time() - args.duration * (1.0 - 1.0 / args.speed)
+    # One anchor: simulated second t is base_ts + t, and the last one is about "now" (or
+    # `--ago` seconds before it).
+    base_ts = time.time() - args.duration * (1.0 - 1.0 / args.speed) - args.ago
     if args.scenario_out:
         scenario = scenario_build(model, base_ts=base_ts, duration=args.duration, speed=args.speed)
         scenario_write(scenario, args.scenario_out)

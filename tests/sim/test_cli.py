@@ -92,3 +92,15 @@ def test_it_refuses_what_it_cannot_simulate(args, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(args)
     assert exit_info.value.code == 2
+
+
+def test_ago_ends_the_timeline_that_long_before_now(tmp_path, capsys):
+    # an earlier session of a cluster simulated again (the evaluation's restarted demo)
+    before = time.time()
+    assert cli.main([*ARGS, "--ago", "900", "--scenario-out", str(tmp_path / "s.json")]) == 0
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert before - 270 - 900 <= s["base_ts"] <= time.time() - 270 - 900
+    for ago in ("-1", str(6 * 86400)):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main([*ARGS, "--ago", ago])
+        assert exit_info.value.code == 2

@@ -26,9 +26,11 @@ from apps.clusters.models import Cluster
 from apps.evaluation.services.ddp import DDP_COMPUTE, DDP_JOBS, DDP_STEP_S, DdpJob, ddp_scenario
 from apps.evaluation.services.ddp import ddp_train as ddp_train
 from apps.evaluation.services.scenarios import (
+    EARLIER_SUFFIX,
     FAULTS,
     NOISE_LEVELS,
     ScenarioSpec,
+    demo_specs,
     scenario_specs,
     sensitivity_specs,
     simulate,
@@ -52,6 +54,7 @@ __all__ = [
     "NOISE_LEVELS",
     "ScenarioResult",
     "ScenarioSpec",
+    "demo_specs",
     "evaluation_replay",
     "evaluation_run",
     "scenario_specs",
@@ -146,8 +149,16 @@ def _replay_all(
 
 
 def _scenario_load(spec: ScenarioSpec, workdir: Path) -> dict[str, Any]:
-    """The simulator's scenario JSON, its faults labelled with the spec's row if it has one."""
+    """The simulator's scenario JSON, its faults labelled with the spec's row if it has one.
+    Only the faults that began within the played time count (the demo's reach past its
+    first ten minutes); after a restart, the earlier session's too: they happened, and
+    their alerts may still be open."""
     scenario = json.loads((workdir / f"{spec.name}.json").read_text())
+    faults = [f for f in scenario["faults"] if f["at"] <= scenario["duration"]]
+    if spec.earlier_s > 0:
+        earlier = json.loads((workdir / f"{spec.name}{EARLIER_SUFFIX}.json").read_text())
+        faults = [f for f in earlier["faults"] if f["at"] <= earlier["duration"]] + faults
+    scenario["faults"] = faults
     if spec.label:
         for fault in scenario["faults"]:
             fault["label"] = spec.label

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from apps.clusters.models import Cluster
 from launcher.procs import ROOT, children_stop
+from launcher.stack import DEMO_FAULTS
 
 NODES, GPUS = 2, 8  # one run of 16 ranks
 SIM_TIMEOUT_S = 900
@@ -28,6 +29,7 @@ STEP_S = 5.0  # replay period of a fault scenario (time to detect is quantised b
 # 480 evaluations per noise level instead of 1,440. An alert is state that persists, and
 # every rule needs a window of >= 20 steps, so a false alarm lasting a window is still seen.
 CLEAN_STEP_S = 15.0
+EARLIER_SUFFIX = "-earlier"  # the scenario file of a restart's earlier session
 
 # Per fault label: (the --fault spec for seed s, simulated seconds to play).
 FAULTS: dict[str, tuple[Callable[[int], str], float]] = {
@@ -55,6 +57,15 @@ FAULTS: dict[str, tuple[Callable[[int], str], float]] = {
 }
 
 
+# `make demo`'s cluster and simulator (launcher.stack.simulator_command): 8 nodes × 8 GPUs,
+# two runs, seed 1, a sample a second, CV 10 % with spikes, DEMO_FAULTS, judged over its
+# first ten minutes. Its first seconds once raised 9 oom_risk warnings on every start: the
+# slope of a few noisy samples of flat memory (issue 29).
+DEMO_SEED, DEMO_NODES, DEMO_RUNS, DEMO_INTERVAL_S, DEMO_S = 1, 8, 2, 1.0, 600.0
+# The restart: a first session this long, stopped, and started again this much later.
+DEMO_EARLIER_S, DEMO_RESTART_GAP_S = 100.0, 60.0
+
+
 @dataclass(frozen=True)
 class ScenarioSpec:
     name: str
@@ -66,7 +77,16 @@ class ScenarioSpec:
     spikes: bool = True
     step_s: float = STEP_S  # replay period
     label: str = ""  # the table row of its fault, when not the fault's own kind[/mode]
-    group: str = "faults"  # which table: "faults", "sensitivity" or "ddp"
+    group: str = "faults"  # which table: "faults", "sensitivity", "demo" or "ddp"
+    # the cluster and its sampling (the fault scenarios': NODES × GPUS, one run, every 10 s)
+    nodes: int = NODES
+    runs: int = 1
+    interval: float = 10.0
+    prefix: str = "sim"
+    # A restart: an earlier session of this many simulated seconds (same seed and faults) is
+    # played first into the same cluster, ending at least `restart_gap_s` before this one.
+    earlier_s: float = 0.0
+    restart_gap_s: float = 0.0
 
 
 def level_name(cv: float) -> str:
@@ -150,14 +170,48 @@ def sensitivity_specs(
     ]
 
 
-def sim_command(spec: ScenarioSpec, url: str, token_file: Path, out: Path) -> list[str]:
+def demo_specs(*, speed: float = 20.0, step_s: float = STEP_S) -> list[ScenarioSpec]:
+    """`make demo`'s first ten minutes, fresh and restarted (a first session of
+    DEMO_EARLIER_S, stopped and started again DEMO_RESTART_GAP_S later): scored like the
+    fault scenarios, so any alert but those of DEMO_FAULTS is a false alarm."""
+
+    def demo(name: str, earlier_s: float = 0.0, gap_s: float = 0.0) -> ScenarioSpec:
+        return ScenarioSpec(
+            name,
+            DEMO_FAULTS,
+            DEMO_SEED,
+            DEMO_S,
+            speed,
+            step_s=step_s,
+            group="demo",
+            nodes=DEMO_NODES,
+            runs=DEMO_RUNS,
+            interval=DEMO_INTERVAL_S,
+            prefix="demo",
+            earlier_s=earlier_s,
+            restart_gap_s=gap_s,
+        )
+
+    return [demo("demo-fresh"), demo("demo-restarted", DEMO_EARLIER_S, DEMO_RESTART_GAP_S)]
+
+
+def sim_command(
+    spec: ScenarioSpec, url: str, token_file: Path, out: Path, *, earlier: bool = False
+) -> list[str]:
+    """The simulator of `spec`, or (`earlier`) of its restart's earlier session: that one
+    ends when this one's timeline begins (it ends about now), less the gap."""
+    duration, ago = spec.duration, 0.0
+    if earlier:
+        duration = spec.earlier_s
+        ago = spec.duration * (1.0 - 1.0 / spec.speed) + spec.restart_gap_s
     command = [
         sys.executable,
         "-m",
         "opsboard_agent.sim",
         *("--server", url, "--token-file", str(token_file)),
-        *("--nodes", str(NODES), "--gpus", str(GPUS), "--seed", str(spec.seed)),
-        *("--duration", str(spec.duration), "--speed", str(spec.speed)),
+        *("--nodes", str(spec.nodes), "--gpus", str(GPUS), "--seed", str(spec.seed)),
+        *("--runs", str(spec.runs), "--prefix", spec.prefix, "--interval", str(spec.interval)),
+        *("--duration", str(duration), "--speed", str(spec.speed), "--ago", str(ago)),
         *("--noise-cv", str(spec.noise_cv), "--spikes" if spec.spikes else "--no-spikes"),
         *("--scenario-out", str(out), "--drain-timeout", "120"),
     ]
@@ -174,15 +228,18 @@ def simulate(
     parallel: int,
     log: Callable[[str], None],
 ) -> None:
-    """Run the simulators, `parallel` at a time; every one must deliver everything."""
+    """Run the simulators, `parallel` at a time; every one must deliver everything. A
+    restart's two sessions play one after the other, the earlier first."""
     waiting = list(specs)
-    running: dict[str, tuple[subprocess.Popen, float]] = {}
+    running: dict[str, tuple[subprocess.Popen, float, ScenarioSpec, bool]] = {}
     try:
         while waiting or running:
             while waiting and len(running) < parallel:
                 spec = waiting.pop(0)
-                running[spec.name] = (_sim_start(spec, clusters, url, workdir), time.monotonic())
-            for name, (process, started) in list(running.items()):
+                earlier = spec.earlier_s > 0
+                process = _sim_start(spec, clusters, url, workdir, earlier=earlier)
+                running[spec.name] = (process, time.monotonic(), spec, earlier)
+            for name, (process, started, spec, earlier) in list(running.items()):
                 try:
                     code = process.wait(timeout=0.2)
                 except subprocess.TimeoutExpired:
@@ -192,17 +249,29 @@ def simulate(
                 del running[name]
                 if code != 0:
                     raise RuntimeError(f"simulator {name} exited {code}: see {workdir}/{name}.log")
+                if earlier:  # now the session after the restart
+                    process = _sim_start(spec, clusters, url, workdir)
+                    running[name] = (process, time.monotonic(), spec, False)
+                    continue
                 log(f"simulated {name}")
     finally:
-        children_stop(process for process, _ in running.values())
+        children_stop(process for process, *_ in running.values())
 
 
 def _sim_start(
-    spec: ScenarioSpec, clusters: dict[str, tuple[Cluster, str]], url: str, workdir: Path
+    spec: ScenarioSpec,
+    clusters: dict[str, tuple[Cluster, str]],
+    url: str,
+    workdir: Path,
+    *,
+    earlier: bool = False,
 ) -> subprocess.Popen:
     token_file = workdir / f"{spec.name}.token"
     token_file.write_text(clusters[spec.name][1])
     token_file.chmod(0o600)
-    command = sim_command(spec, url, token_file, workdir / f"{spec.name}.json")
-    with open(workdir / f"{spec.name}.log", "wb") as output:
+    out = workdir / f"{spec.name}{EARLIER_SUFFIX if earlier else ''}.json"
+    command = sim_command(spec, url, token_file, out, earlier=earlier)
+    # the session after a restart appends to the earlier one's log
+    mode = "ab" if spec.earlier_s > 0 and not earlier else "wb"
+    with open(workdir / f"{spec.name}.log", mode) as output:
         return subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
