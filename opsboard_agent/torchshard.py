@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.func import functional_call
 
 from opsboard_agent.torchcheck import unwrap
+from opsboard_agent.torchprobe import fsdp2_probe
 
 KEY_MAX = 128  # the contract's bound on `shard` (apps/core/bounds.py SHARD_MAX_LENGTH)
 HASH_HEX = 12  # 48 bits of BLAKE2b: layouts of one job never collide in practice
@@ -157,17 +158,12 @@ def canary_view(
         else:
             yield (model if _stage(model) is None else module), loss_fn
         return
-    for part in fsdp:
-        part.unshard()
-    try:
-        if _has_dtensors(module):
+    with fsdp2_probe(module, fsdp) as view:
+        if _has_dtensors(view):
             raise NotImplementedError(
                 "the canary of FSDP2 combined with DTensor (tensor parallel) parameters"
             )
-        yield module, loss_fn
-    finally:
-        for part in fsdp:
-            part.reshard()
+        yield view, loss_fn
 
 
 class _ShardLeaves(nn.Module):

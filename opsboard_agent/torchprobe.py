@@ -1,0 +1,108 @@
+"""The canary's probe of an FSDP2 model, one module's parameters unsharded at a time.
+
+`torchshard.canary_view` hands `torchcheck.canary` a view of the model whose parameters
+are FSDP2's *unsharded* parameters and whose call runs the model through its FSDP2 root.
+FSDP2's own hooks then do what they do in training, module by module: a module's
+pre-forward all-gathers its parameters, its post-forward frees them, its pre-backward
+all-gathers them again and its post-backward frees them; the canary's per-parameter hooks
+read each unsharded gradient as backward produces it and hand autograd an expanded zero.
+So at any moment the probe holds about one or two modules' unsharded parameters and
+gradients (the one computing, the one prefetched), never the whole model's.
+
+Why the gradients stay this rank's own: the canary takes them with `torch.autograd.grad`,
+which never writes `.grad`; FSDP2 reduce-scatters only what it finds in the unsharded
+parameters' `.grad`, and for the probe every parameter group is also set not to reduce
+(`reduce_grads = False`, as `set_requires_gradient_sync(False)` does). Only the
+parameters are all-gathered, so a rank whose backward is wrong computes a wrong canary
+alone. Every parameter group is set to free its unsharded parameters after forward and
+after backward for the probe (the root's `reshard_after_forward` is False by default),
+and each group's settings are put back after it.
+
+This reads FSDP2's parameter groups (`_get_fsdp_state()._fsdp_param_groups`, each
+`FSDPParam`'s `_unsharded_param`): private, as of torch 2.13, checked by the tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+
+# What a parameter group's probe settings are, saved and put back.
+_SETTINGS = ("reduce_grads", "all_reduce_grads", "reshard_after_backward", "post_forward_mesh_info")
+
+
+@contextlib.contextmanager
+def fsdp2_probe(module: nn.Module, parts: list[FSDPModule]) -> Iterator[UnshardedView]:
+    """`module` (holding the `fully_shard` modules `parts`) set for the probe, as a view
+    whose parameters are the unsharded ones; every rank must enter it at the same step."""
+    groups = [group for part in parts for group in part._get_fsdp_state()._fsdp_param_groups]
+    saved = [{name: getattr(group, name) for name in _SETTINGS} for group in groups]
+    states = [part._get_fsdp_state() for part in parts]
+    auto = [state._auto_reshard_after_forward for state in states]
+    try:
+        for part in parts:
+            part.set_reshard_after_forward(True, recurse=False)
+            part.set_reshard_after_backward(True, recurse=False)
+            part.set_requires_gradient_sync(False, recurse=False)
+        _materialise(parts)
+        yield UnshardedView(module, groups)
+    finally:
+        for group, settings in zip(groups, saved, strict=True):
+            group.reshard()  # a probe that failed half way may have left one unsharded
+            for name, value in settings.items():
+                setattr(group, name, value)
+        for state, value in zip(states, auto, strict=True):
+            state._auto_reshard_after_forward = value
+
+
+def _materialise(parts: list[FSDPModule]) -> None:
+    """Make every group's unsharded parameter objects exist (FSDP2 creates them at a
+    group's first all-gather and reuses them after, freeing only their storage), one
+    module at a time: the canary registers its hooks on them before the forward."""
+    for part in parts:
+        groups = part._get_fsdp_state()._fsdp_param_groups
+        if all(hasattr(p, "_unsharded_param") for g in groups for p in g.fsdp_params):
+            continue
+        part.unshard()
+        part.reshard()
+
+
+class UnshardedView(nn.Module):
+    """The canary's view of an FSDP2 model: its parameters, by the model's names, are the
+    unsharded ones (a parameter no `fully_shard` manages is itself); calling it calls the
+    model. Only for `torchcheck.canary`."""
+
+    _target: nn.Module
+
+    def __init__(self, module: nn.Module, groups: list[Any]) -> None:
+        super().__init__()
+        object.__setattr__(self, "_target", module)  # not a submodule: its own parameters
+        self.training = module.training
+        unsharded: dict[int, torch.Tensor] = {}
+        for group in groups:
+            for fsdp_param in group.fsdp_params:
+                full = fsdp_param._unsharded_param
+                # Registered is the sharded one, or the unsharded one mid-step.
+                unsharded[id(fsdp_param.sharded_param)] = unsharded[id(full)] = full
+        self._params: list[tuple[str, torch.Tensor]] = [
+            (name, unsharded.get(id(param), param)) for name, param in module.named_parameters()
+        ]
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]:
+        for name, param in self._params:
+            yield (f"{prefix}.{name}" if prefix else name), param  # type: ignore[misc]
+
+    def train(self, mode: bool = True) -> UnshardedView:
+        self._target.train(mode)
+        self.training = mode
+        return self
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._target(*args, **kwargs)
