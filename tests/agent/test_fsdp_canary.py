@@ -54,9 +54,14 @@ def test_the_canary_names_the_rank_whose_backward_is_wrong(ranks):
     # and the detector's rule picks it out of the 4 (no checksum could: no shard has a peer).
     rows = {
         rank: StepRow(
-            node=f"n{rank}", rank=rank, step=10, ts=0.0, step_time=1.0,
-            canary_norm=result["canary"]["norm"], canary_proj=tuple(result["canary"]["proj"]),
-        )  # fmt: skip
+            node=f"n{rank}",
+            rank=rank,
+            step=10,
+            ts=0.0,
+            step_time=1.0,
+            canary_norm=result["canary"]["norm"],
+            canary_proj=tuple(result["canary"]["proj"]),
+        )
         for rank, result in ranks.items()
     }
     assert minority_canary(rows, DEFAULT_CONFIG.sdc_canary_rtol) == ([FAULTY], False)
