@@ -9,7 +9,9 @@ Each layout but `ddp` is a 2 x 2 split of the 4 ranks into data-parallel replica
 - `fsdp1`: FullyShardedDataParallel HYBRID_SHARD on the same mesh (flat parameters);
 - `tp`: tensor parallel (`parallelize_module`, column- then row-wise) on ("dp", "tp"),
   gradients averaged over "dp" by hand;
-- `pp`: two pipeline stages (`PipelineStage`, GPipe) on ("dp", "pp"), likewise.
+- `pp`: two pipeline stages (`PipelineStage`, GPipe) on ("dp", "pp"), likewise;
+- `fsdp_tp`: tensor parallel on "tp" and FSDP2 (`fully_shard`) on "dp" of ("dp", "tp"):
+  2-D, every rank a different shard.
 
 Each rank trains two steps and records the three checks with a Reporter whose server does
 not answer, reads back from its spool the step report it would have sent, and writes it to
@@ -186,6 +188,36 @@ def tp(mesh: DeviceMesh, reporter: Reporter) -> dict:
     return {"sent": sent, "local_norm": local_norm, "flipped": flipped(reporter, model, model)}
 
 
+def fsdp_tp(mesh: DeviceMesh, reporter: Reporter) -> dict:
+    model = mlp()
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    replica = mesh["dp"].get_local_rank()
+
+    def step(number: int) -> torch.optim.Optimizer:
+        optimizer.zero_grad()
+        x, y = batch(100 * number + replica)  # the ranks of one TP group share a batch
+        F.mse_loss(model(x), y).backward()  # FSDP reduce-scatters over "dp"
+        return optimizer
+
+    sent = report(reporter, model, probe_loss, step)
+    # The canary: the probe's full gradient over "dp" (unsharded), this rank's slice of
+    # it over "tp", as the tensor-parallel canary is.
+    plain = mlp()
+    plain.load_state_dict({name: p.full_tensor() for name, p in model.state_dict().items()})
+    grads = torch.autograd.grad(probe_loss(plain), list(plain.parameters()))
+    tp_mesh = mesh["tp"]
+    local = [
+        distribute_tensor(g, tp_mesh, (p.placements[-1],)).to_local()
+        for g, p in zip(grads, model.parameters(), strict=True)
+    ]
+    local_norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in local])))
+    return {"sent": sent, "local_norm": local_norm, "flipped": flipped(reporter, model, model)}
+
+
 def pp(mesh: DeviceMesh, reporter: Reporter) -> dict:
     index = mesh["pp"].get_local_rank()
     layers = list(mlp())
@@ -220,6 +252,7 @@ LAYOUTS = {
     "fsdp1": (fsdp1, ("replicate", "shard")),
     "tp": (tp, ("dp", "tp")),
     "pp": (pp, ("dp", "pp")),
+    "fsdp_tp": (fsdp_tp, ("dp", "tp")),
 }
 
 
