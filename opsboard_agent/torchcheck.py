@@ -79,9 +79,9 @@ def canary(
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         return {"norm": 0.0, "proj": [0.0] * projections}
-    locals_ = [_local_of(p, p) for p in params]
-    projector = _Projector([p.numel() for p in locals_], projections, seed, locals_[0].device)
-    del locals_
+    sizes = getattr(module, "gradient_sizes", None)  # a view whose gradients differ in size
+    numels = sizes() if callable(sizes) else [_local_of(p, p).numel() for p in params]
+    projector = _Projector(numels, projections, seed, params[0].device)
     handles = [p.register_hook(projector.hook(number, p)) for number, p in enumerate(params)]
     try:
         grads = _probe_gradients(module, params, loss_fn)

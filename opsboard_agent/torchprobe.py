@@ -106,3 +106,78 @@ class UnshardedView(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._target(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def fsdp1_probe(root: nn.Module, units: list[Any]) -> Iterator[FlatView]:
+    """The probe of an FSDP1 model through its root wrapper `root` (`units`: every
+    `FullyShardedDataParallel` in it), as a view whose parameters are the wrappers'
+    `FlatParameter`s; every rank must enter it at the same step.
+
+    FSDP1's own hooks all-gather each unit's flat parameter in its pre-forward and
+    pre-backward (and free it after forward, but for the root). Its post-backward hook,
+    which would reduce-scatter and free, hangs on the flat parameter's `AccumulateGrad`,
+    which `torch.autograd.grad` never runs: the gradients stay this rank's own, and a hook
+    of ours frees each unit's unsharded flat parameter once its gradient is whole (no later
+    part of backward reads it), so the probe holds about one unit's at a time, as FSDP2's
+    does. The canary's coordinates are of the unpadded unsharded flat parameters, the
+    same on every rank. Reads FSDP1's `_handle` and `_runtime_utils._reshard` (private,
+    as of torch 2.13, checked by the tests)."""
+    from torch.distributed.fsdp._runtime_utils import _reshard
+
+    handles = [(unit, unit._handle) for unit in units if unit._handle is not None]
+
+    def freer(unit: Any, handle: Any) -> Any:
+        def free(gradient: torch.Tensor) -> None:
+            _reshard(unit, handle, handle.uses_sharded_strategy)
+
+        return free
+
+    hooks = [handle.flat_param.register_hook(freer(unit, handle)) for unit, handle in handles]
+    # FSDP1's pre-backward sets each sharded `.grad` aside to accumulate onto it, and its
+    # end-of-backward puts it back only where a post-backward ran: none did. The same
+    # tensors (no copy) are put back after the probe.
+    grads = [(handle.flat_param, handle.flat_param.grad) for _, handle in handles]
+    try:
+        yield FlatView(root, handles)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for flat_param, grad in grads:
+            flat_param.grad = grad
+
+
+class FlatView(nn.Module):
+    """The canary's view of an FSDP1 model: its parameters are the flat parameters (named
+    as the root names them), `gradient_sizes` their unsharded sizes; calling it calls the
+    root wrapper. Only for `torchcheck.canary`."""
+
+    _target: nn.Module
+
+    def __init__(self, root: nn.Module, handles: list[tuple[Any, Any]]) -> None:
+        super().__init__()
+        object.__setattr__(self, "_target", root)
+        self.training = root.training
+        flat = {id(handle.flat_param) for _, handle in handles}
+        self._params = [
+            (n, p) for n, p in root.named_parameters() if id(p) in flat and p.requires_grad
+        ]
+        self._sizes = [p._unpadded_unsharded_size.numel() for _, p in self._params]
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]:
+        for name, param in self._params:
+            yield (f"{prefix}.{name}" if prefix else name), param
+
+    def gradient_sizes(self) -> list[int]:
+        """The elements of each parameter's gradient in the probe (its unsharded size)."""
+        return list(self._sizes)
+
+    def train(self, mode: bool = True) -> FlatView:
+        self._target.train(mode)
+        self.training = mode
+        return self
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._target(*args, **kwargs)

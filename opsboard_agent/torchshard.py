@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.func import functional_call
 
 from opsboard_agent.torchcheck import unwrap
-from opsboard_agent.torchprobe import fsdp2_probe
+from opsboard_agent.torchprobe import fsdp1_probe, fsdp2_probe
 
 KEY_MAX = 128  # the contract's bound on `shard` (apps/core/bounds.py SHARD_MAX_LENGTH)
 HASH_HEX = 12  # 48 bits of BLAKE2b: layouts of one job never collide in practice
@@ -73,10 +73,10 @@ def shard_key(model: Any) -> str | None:
         key.where["fsdp2"] = None
     for name, param in module.named_parameters():
         _describe(name, param, key, canary, fsdp_dims or set())
-    _describe_fsdp1(model, key)
+    fsdp1 = _describe_fsdp1(model, key, canary)
     if not key.where or list(key.where) == ["fsdp2"]:  # fsdp2 alone: every one replicated
         return None
-    if fsdp_dims is None:
+    if fsdp_dims is None and not fsdp1:
         return key.render(KEY_MAX)
     group = canary.render(CANARY_MAX)
     return key.render(KEY_MAX - len(CANARY_MARK) - len(group)) + CANARY_MARK + group
@@ -138,14 +138,23 @@ def _fsdp2_dims(module: nn.Module) -> set[str] | None:
     return dims
 
 
-def _describe_fsdp1(model: Any, key: _Description) -> None:
+def _describe_fsdp1(model: Any, key: _Description, canary: _Description) -> bool:
     """FSDP1's part of the description: each wrapper's rank within its sharding group (its
-    flat parameters' local shapes are often equal across ranks)."""
+    flat parameters' local shapes are often equal across ranks); for the canary's group,
+    which probes the unsharded flat parameters, their sizes instead. Whether any wrapper
+    shards."""
+    sharded = False
     for fsdp in _fsdp1_modules(model):
         rank, size = fsdp.rank, fsdp.world_size
         if size > 1 and fsdp.sharding_strategy.name != "NO_SHARD":
+            sharded = True
             key.where[f"fsdp1={rank}of{size}"] = None
             key.lines.append(f"fsdp1:{fsdp.sharding_strategy}:{rank}/{size}")
+        handle = fsdp._handle
+        if handle is not None:
+            unsharded = tuple(handle.flat_param._unpadded_unsharded_size)
+            canary.lines.append(f"fsdp1:{fsdp.sharding_strategy}:{size}:{unsharded}")
+    return sharded
 
 
 def local_view(model: Any) -> Any:
@@ -200,8 +209,14 @@ def canary_view(
     FSDP1 is not supported: its forward outside the wrapper sees only flat shards, and
     `summon_full_params` forbids the nested wrappers' forwards. Every rank must call it at
     the same step: unsharding is a collective."""
-    if _fsdp1_modules(model):
-        raise NotImplementedError("the canary of FSDP1: use FSDP2 (fully_shard)")
+    fsdp1 = _fsdp1_modules(model)
+    if fsdp1:
+        root = model.submod if _stage(model) is not None else model
+        if root is not fsdp1[0]:
+            raise NotImplementedError("the canary of FSDP1 needs the root wrapper passed")
+        with fsdp1_probe(root, fsdp1) as flat:
+            yield flat, loss_fn
+        return
     module = _module(model)
     fsdp = [m for m in module.modules() if isinstance(m, FSDPModule)]
     if not fsdp:

@@ -1,14 +1,16 @@
-"""The FSDP2 canary on 4 CPU ranks (gloo), every layer sharded over all 4 (no replicas).
+"""The FSDP canary on 4 CPU ranks (gloo), every layer sharded over all 4 (no replicas).
 
     torchrun --standalone --nproc-per-node 4 tests/agent/fsdp_canary.py OUT [--faulty R]
-        [--layers N] [--width W]
+        [--layers N] [--width W] [--fsdp1]
 
-A stack of `--layers` Linear(W, W) layers, each `fully_shard`ed, and the root. Each rank
-trains one step, then writes OUT/rank<R>.json with:
+A stack of `--layers` Linear(W, W) layers, each `fully_shard`ed, and the root (`--fsdp1`:
+each a FullyShardedDataParallel unit, FULL_SHARD, inside the root's). Each rank trains
+one step, then writes OUT/rank<R>.json with:
 
 - `canary`: its canary as the reporter computes it (torchshard.canary_view, one module
   unsharded at a time), and `reference`: the canary of an unsharded copy of the model;
-- `whole`: its canary the way it was computed before, every module unsharded at once;
+- `whole`: its canary the way it was computed before, every module unsharded at once
+  (FSDP2 only: FSDP1's canary was refused);
 - `peak`, `peak_whole`: each one's peak extra memory, and what to compare them with:
   `peak_plain`, the peak extra memory of the unsharded copy's canary (its gradients in
   flight, the probe's activations and the projections' fixed 10-odd MiB of sampled
@@ -46,7 +48,13 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: E402
+from torch.distributed.fsdp import (  # noqa: E402
+    FSDPModule,
+    FullyShardedDataParallel,
+    ShardingStrategy,
+    fully_shard,
+)
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
 
 from opsboard_agent import torchcheck, torchshard  # noqa: E402
 
@@ -113,21 +121,39 @@ def canary_whole(model: nn.Module, loss_fn: Any) -> dict:
             part.reshard()
 
 
+def _local(tensor: Any) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _full(tensor: Any) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--faulty", type=int, default=-1)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--fsdp1", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
-    model = stack(args.layers, args.width, 1 + 1e-3 if rank == args.faulty else 1.0)
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model: nn.Module = stack(args.layers, args.width, 1 + 1e-3 if rank == args.faulty else 1.0)
+    if args.fsdp1:
+        model = FullyShardedDataParallel(
+            model,
+            device_mesh=mesh,
+            sharding_strategy=ShardingStrategy.FULL_SHARD,
+            device_id=torch.device("cpu"),
+            auto_wrap_policy=ModuleWrapPolicy({Layer}),
+        )
+    else:
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = torch.Generator().manual_seed(100 + rank)
     x, y = (torch.randn(BATCH, args.width, generator=data) for _ in range(2))
@@ -139,7 +165,7 @@ def main() -> None:
     def probe_loss(module: nn.Module) -> torch.Tensor:
         return F.mse_loss(module(probe_x), probe_y)
 
-    grads = [p.grad.to_local().clone() for p in model.parameters()]
+    grads = [_local(p.grad).clone() for p in model.parameters()]
 
     def canary() -> dict:
         with torchshard.canary_view(model, probe_loss) as (view, loss_fn):
@@ -147,13 +173,15 @@ def main() -> None:
 
     canary()  # warm-up: the first backward allocates its workspaces
     sent, peak = peak_extra(canary)
-    whole, peak_whole = peak_extra(lambda: canary_whole(model, probe_loss))
+    whole, peak_whole = (
+        (None, None) if args.fsdp1 else peak_extra(lambda: canary_whole(model, probe_loss))
+    )
     again, _ = peak_extra(canary)
     kept = all(
-        torch.equal(p.grad.to_local(), g) for p, g in zip(model.parameters(), grads, strict=True)
+        torch.equal(_local(p.grad), g) for p, g in zip(model.parameters(), grads, strict=True)
     )
     plain = stack(args.layers, args.width)
-    plain.load_state_dict({name: p.full_tensor() for name, p in model.state_dict().items()})
+    plain.load_state_dict({name: _full(p) for name, p in model.state_dict().items()})
     torchcheck.canary(plain, probe_loss)  # warm-up, as above
     reference, peak_plain = peak_extra(lambda: torchcheck.canary(plain, probe_loss))
     layer_bytes = sum(p.numel() * p.element_size() for p in plain[0].parameters())
@@ -166,7 +194,7 @@ def main() -> None:
         "peak_whole": peak_whole,
         "peak_plain": peak_plain,
         "grads_kept": kept,
-        "shard_bytes": sum(p.to_local().numel() * 4 for p in model.parameters()),
+        "shard_bytes": sum(_local(p).numel() * 4 for p in model.parameters()),
         "model_bytes": sum(p.numel() * p.element_size() for p in plain.parameters()),
         "layer_bytes": layer_bytes,
     }

@@ -6,7 +6,8 @@ Each layout but `ddp` is a 2 x 2 split of the 4 ranks into data-parallel replica
 
 - `ddp`: DistributedDataParallel, the unsharded control (four replicas, no shard key);
 - `hsdp`: FSDP2 (`fully_shard`) on a 2-D mesh ("replicate", "shard");
-- `fsdp1`: FullyShardedDataParallel HYBRID_SHARD on the same mesh (flat parameters);
+- `fsdp1`: FullyShardedDataParallel HYBRID_SHARD on the same mesh, a unit per layer (flat
+  parameters);
 - `tp`: tensor parallel (`parallelize_module`, column- then row-wise) on ("dp", "tp"),
   gradients averaged over "dp" by hand;
 - `pp`: two pipeline stages (`PipelineStage`, GPipe) on ("dp", "pp"), likewise;
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, fully_shard
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -142,6 +144,7 @@ def fsdp1(mesh: DeviceMesh, reporter: Reporter) -> dict:
         device_mesh=mesh,
         sharding_strategy=ShardingStrategy.HYBRID_SHARD,
         device_id=torch.device("cpu"),
+        auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),  # a unit per layer, and the root
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
@@ -151,14 +154,28 @@ def fsdp1(mesh: DeviceMesh, reporter: Reporter) -> dict:
         F.mse_loss(model(x), y).backward()
         return optimizer
 
-    # The canary of FSDP1 is not supported (torchshard.canary_view): checksums only.
-    try:
-        reporter.record_canary(model, probe_loss)
-    except NotImplementedError as error:
-        refused = str(error)
-    reporter.record_canary = lambda *args: {}  # type: ignore[method-assign]
-    sent = report(reporter, model, None, step)
-    return {"sent": sent, "canary_refused": refused, "flipped": flipped(reporter, model, model)}
+    record, kept = reporter.record_canary, []
+
+    def record_canary(checked: Any, loss_fn: Any) -> dict:
+        # The probe's gradients must never reach the training's (sharded) `.grad`.
+        grads = [p.grad.clone() for p in model.parameters()]
+        value = record(checked, loss_fn)
+        pairs = zip(model.parameters(), grads, strict=True)
+        kept.append(all(torch.equal(p.grad, g) for p, g in pairs))
+        return value
+
+    reporter.record_canary = record_canary  # type: ignore[method-assign]
+    sent = report(reporter, model, probe_loss, step)
+    # The canary's coordinates are the flat parameters': its norm is the full gradient's.
+    plain = mlp()
+    plain.load_state_dict(model.state_dict())  # FSDP1's default: the full state dict
+    reference = torchcheck.canary(plain, probe_loss)
+    return {
+        "sent": sent,
+        "reference": reference,
+        "grads_kept": kept == [True],
+        "flipped": flipped(reporter, model, model),
+    }
 
 
 def tp(mesh: DeviceMesh, reporter: Reporter) -> dict:
