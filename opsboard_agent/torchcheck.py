@@ -189,14 +189,14 @@ def _local_of(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     placements = param.placements  # type: ignore[attr-defined]
     if tuple(tensor.placements) != tuple(placements):  # type: ignore[attr-defined]
         tensor = tensor.redistribute(param.device_mesh, placements)  # type: ignore[attr-defined]
-    return tensor.to_local()  # type: ignore[attr-defined]
+    return tensor.to_local()
 
 
 def _zero_like(gradient: torch.Tensor) -> torch.Tensor:
     """An expanded zero of `gradient`'s shape and kind (a DTensor's over its mesh)."""
     if not hasattr(gradient, "to_local"):
         return torch.zeros((), dtype=gradient.dtype, device=gradient.device).expand_as(gradient)
-    local = gradient.to_local()  # type: ignore[attr-defined]
+    local = gradient.to_local()
     return type(gradient).from_local(  # type: ignore[attr-defined]
         _zero_like(local),
         gradient.device_mesh,  # type: ignore[attr-defined]

@@ -1,4 +1,6 @@
-"""The canary's probe of an FSDP2 model, one module's parameters unsharded at a time.
+"""The canary's probe of an FSDP model, one module's parameters unsharded at a time.
+
+FSDP1 is at `fsdp1_probe`, below; this first part is FSDP2's.
 
 `torchshard.canary_view` hands `torchcheck.canary` a view of the model whose parameters
 are FSDP2's *unsharded* parameters and whose call runs the model through its FSDP2 root.
@@ -25,7 +27,7 @@ This reads FSDP2's parameter groups (`_get_fsdp_state()._fsdp_param_groups`, eac
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -37,7 +39,7 @@ _SETTINGS = ("reduce_grads", "all_reduce_grads", "reshard_after_backward", "post
 
 
 @contextlib.contextmanager
-def fsdp2_probe(module: nn.Module, parts: list[FSDPModule]) -> Iterator[UnshardedView]:
+def fsdp2_probe(module: nn.Module, parts: Sequence[FSDPModule]) -> Iterator[UnshardedView]:
     """`module` (holding the `fully_shard` modules `parts`) set for the probe, as a view
     whose parameters are the unsharded ones; every rank must enter it at the same step."""
     groups = [group for part in parts for group in part._get_fsdp_state()._fsdp_param_groups]
@@ -60,7 +62,7 @@ def fsdp2_probe(module: nn.Module, parts: list[FSDPModule]) -> Iterator[Unsharde
             state._auto_reshard_after_forward = value
 
 
-def _materialise(parts: list[FSDPModule]) -> None:
+def _materialise(parts: Sequence[FSDPModule]) -> None:
     """Make every group's unsharded parameter objects exist (FSDP2 creates them at a
     group's first all-gather and reuses them after, freeing only their storage), one
     module at a time: the canary registers its hooks on them before the forward."""
@@ -162,7 +164,11 @@ class FlatView(nn.Module):
         self._params = [
             (n, p) for n, p in root.named_parameters() if id(p) in flat and p.requires_grad
         ]
-        self._sizes = [p._unpadded_unsharded_size.numel() for _, p in self._params]
+        # A FlatParameter's size while the probe runs: unsharded, without padding.
+        self._sizes = [
+            p._unpadded_unsharded_size.numel()  # type: ignore[attr-defined]
+            for _, p in self._params
+        ]
 
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True

@@ -8,15 +8,15 @@ sharded job it holds only between the ranks that hold the same shard. Three thin
   same one). None for an unsharded model: every rank is a replica, as with DDP.
 - `local_view(model)`: what the checksums digest, the rank's own shard of each parameter
   and of its gradient (a DTensor's local tensor, no copy).
-- `canary_view(model, loss_fn)`: what the canary probes. Under FSDP2 the whole model is
-  unsharded for the probe (each rank then computes the full local gradient, the same on
-  every healthy rank); a tensor-parallel model is probed through its local shards.
+- `canary_view(model, loss_fn)`: what the canary probes. Under FSDP the model is probed
+  unsharded, one module at a time (opsboard_agent.torchprobe): each rank then computes
+  the full local gradient, the same on every healthy rank, whatever shard it holds; a
+  tensor-parallel model is probed through its local shards.
 
 Layouts understood: FSDP2 and HSDP (`fully_shard`), tensor parallel (`parallelize_module`)
 and any other DTensor parameters, FSDP1 (`FullyShardedDataParallel`, flat parameters),
 pipeline stages (`torch.distributed.pipelining.PipelineStage`: pass the stage, whose
-`submod` is the module), and combinations of these. The canary of FSDP1, and of FSDP2
-combined with tensor parallelism (2-D), is not supported (see `canary_view`).
+`submod` is the module), and combinations of these (FSDP2 with tensor parallelism: 2-D).
 """
 
 from __future__ import annotations
@@ -194,21 +194,21 @@ def canary_view(
     model: Any, loss_fn: Callable[[Any], torch.Tensor]
 ) -> Iterator[tuple[Any, Callable[[Any], torch.Tensor]]]:
     """`(model, loss_fn)` for `torchcheck.canary`, so that its gradients are this rank's
-    own local gradients of the probe, in plain tensors.
+    own local gradients of the probe, never reduced across data-parallel ranks.
 
     - Unsharded (DDP, a pipeline stage of plain tensors): as given (a stage's module).
-    - FSDP2: every `fully_shard` module is unsharded for the probe (its parameters are then
-      plain tensors: the canary's gradients are the full unsharded local gradients, never
-      reduce-scattered since they never reach `.grad`), and resharded after. The cost: the
-      whole model's parameters at once, as `summon_full_params` would.
+    - FSDP2, and FSDP2 with tensor parallelism: a view whose parameters are the unsharded
+      ones, called through the FSDP2 root, whose hooks unshard one module at a time
+      (`torchprobe.fsdp2_probe`): the full local gradient (its TP slice under 2-D), at the
+      memory of about two modules unsharded.
+    - FSDP1: a view whose parameters are the flat parameters, called through the root
+      wrapper (which must be what is passed), a unit at a time (`torchprobe.fsdp1_probe`).
     - Other DTensor parameters (tensor parallel): a view whose parameters are the local
       shards as leaf tensors; calling it runs the module with DTensors built on them
       (`torch.func.functional_call`), so the probe's gradients land on the local shards.
       `loss_fn` must call the module it is given (not reach into its submodules).
 
-    FSDP1 is not supported: its forward outside the wrapper sees only flat shards, and
-    `summon_full_params` forbids the nested wrappers' forwards. Every rank must call it at
-    the same step: unsharding is a collective."""
+    Every rank must call it at the same step: unsharding is a collective."""
     fsdp1 = _fsdp1_modules(model)
     if fsdp1:
         root = model.submod if _stage(model) is not None else model

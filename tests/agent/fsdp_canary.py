@@ -13,7 +13,7 @@ one step, then writes OUT/rank<R>.json with:
   (FSDP2 only: FSDP1's canary was refused);
 - `peak`, `peak_whole`: each one's peak extra memory, and what to compare them with:
   `peak_plain`, the peak extra memory of the unsharded copy's canary (its gradients in
-  flight, the probe's activations and the projections' fixed 10-odd MiB of sampled
+  flight, the probe's activations and the projections' fixed ~17 MiB of sampled
   coordinates and weights), `shard_bytes`, `model_bytes` and `layer_bytes`;
 - `grads_kept`: whether the training gradients (`.grad`, sharded) are bit for bit as they
   were: the probe's gradients are never reduce-scattered into them.

@@ -82,7 +82,9 @@ def test_an_fsdp2_key_names_one_canary_group_for_every_shard(layouts):
     groups = {key.split(";canary=")[1] for key in keys.values()}  # type: ignore[union-attr]
     assert len(groups) == 1 and groups.pop().startswith("all-")
     assert all(len(key) <= 128 for key in keys.values())  # type: ignore[arg-type]
-    for name in ("tp", "pp", "fsdp1"):  # a canary of the rank's own slice: its shard's
+    fsdp1 = {key.split(";canary=")[1] for key in sent(layouts["fsdp1"], "shard").values()}  # type: ignore[union-attr]
+    assert len(fsdp1) == 1 and fsdp1.pop().startswith("all-")  # FSDP1's probe: unsharded too
+    for name in ("tp", "pp"):  # a canary of the rank's own slice: its shard's
         assert all(";canary=" not in key for key in sent(layouts[name], "shard").values())
 
 
@@ -96,8 +98,17 @@ def test_the_fsdp2_canary_is_the_full_local_gradient_of_the_probe(layouts):
 
 def test_fsdp1_hybrid_shards_are_keyed_by_their_rank_in_the_shard_group(layouts):
     assert_replicas_of_a_shard_agree(layouts["fsdp1"], "fsdp1=")
-    for result in layouts["fsdp1"].values():
-        assert "FSDP1" in result["canary_refused"] and "canary" not in result["sent"]
+
+
+def test_the_fsdp1_canary_is_the_full_local_gradient_of_the_probe(layouts):
+    # Probed through the root wrapper a unit at a time: every rank computes the whole
+    # model's gradient, over the flat parameters' coordinates (so only the norm matches an
+    # unsharded copy's), and the training's sharded gradients are left as they were.
+    canaries = sent(layouts["fsdp1"], "canary")
+    for rank, result in layouts["fsdp1"].items():
+        assert canary_close(canaries[rank], canaries[0], rel=1e-12)
+        assert math.isclose(canaries[rank]["norm"], result["reference"]["norm"], rel_tol=1e-9)
+        assert result["grads_kept"]
 
 
 def test_tensor_parallel_replicas_share_a_key_and_agree(layouts):
