@@ -68,7 +68,8 @@ def detect_run(
     # judging three of four replicas, two of them corrupt, would blame the healthy one.
     settled = _settled(run.steps)
     shards = _complete(checked, settled, lambda row: row.shard)
-    canaries = _complete(checked, settled, lambda row: canary_group(row.shard))
+    marked = any(row.shard is not None and CANARY_MARK in row.shard for row in checked)
+    canaries = _complete(checked, settled, _canary_key) if marked else shards
     suspects: dict[int, _Suspect] = {}
     # The checksums within each shard, the canaries within each canary group.
     corrupt: dict[int, set[int]] = defaultdict(set)  # step -> ranks whose weights differ
@@ -110,6 +111,10 @@ def canary_group(shard: str | None) -> str | None:
     return shard
 
 
+def _canary_key(row: StepRow) -> str | None:
+    return canary_group(row.shard)
+
+
 def _complete(
     checked: list[StepRow], settled: int, key: Callable[[StepRow], str | None]
 ) -> dict[tuple[int, str | None], dict[int, StepRow]]:
@@ -148,6 +153,8 @@ def _unexplained(
     a rank all-gathers its peers' shards, so a large corruption of one rank's shard moves
     the canaries of every rank that gathered it, alike; the parameter checksum names the
     rank that holds it, and the others computed right with what they were given."""
+    if not odd or not corrupt & rows.keys():
+        return odd  # the usual case, in one look
     prints = {rank: _print(row) for rank, row in rows.items() if row.canary_norm is not None}
     sources = [prints[rank] for rank in corrupt if rank in prints]
     return [

@@ -74,7 +74,13 @@ def canary(
     per projection, drawn from `seed`), but the gradients are never concatenated, nor even
     kept: a hook on each parameter reads its gradient as backward produces it (the sampled
     coordinates, the sum of squares) and hands autograd an expanded zero in its place, so
-    the probe's extra memory is the gradients in flight, not all of them at once."""
+    the probe's extra memory is the gradients in flight, not all of them at once.
+
+    A DTensor parameter's gradient is read as its local shard (tensor parallel: this
+    rank's slice of the probe's gradient). `module` may be a view (opsboard_agent.
+    torchshard.canary_view) whose `gradient_sizes()` says how many elements each
+    parameter's gradient will have when that differs from the parameter's own (FSDP1's
+    flat parameters, sharded until the probe unshards them)."""
     module = unwrap(model)
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
