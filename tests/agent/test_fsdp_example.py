@@ -86,6 +86,12 @@ def sdc_alerts(token, checked) -> dict[int, Alert]:
     return {a.rank: a for a in Alert.objects.filter(cluster=token.cluster, kind="sdc")}
 
 
+def page_rows(token, run: str) -> list[dict]:
+    """The run page's table of disagreeing ranks, a row per checked step."""
+    found = Run.objects.get(cluster=token.cluster, name=run)
+    return checksum_agreement(run=found, start=time.time() - 3600, end=time.time() + 60)
+
+
 def test_a_weight_flipped_in_one_shard_names_its_rank_and_shard(live_stack, agent_token, tmp_path):
     token, secret = agent_token
     flip = ("--flip-param-rank", str(FLIP_RANK), "--flip-param-step", str(FLIP_STEP))
@@ -164,6 +170,9 @@ def test_a_large_corruption_gathered_by_its_peer_names_its_holder_alone(
     assert set(alerts) == {3}
     assert alerts[3].evidence["cause"] == "the replica's weights were corrupted"
     assert not alerts[3].evidence["ambiguous"]
+    # The run page's table follows the same rule: rank 3's canary and weights, not rank 2.
+    after = [row for row in page_rows(token, "fsdp-large") if row["step"] >= FLIP_STEP]
+    assert after and all(row["param"] == [3] and row["canary"] == [3] for row in after)
 
 
 def test_with_two_replicas_a_wrong_backward_is_named_a_flipped_weight_is_not_told_apart(
@@ -206,3 +215,8 @@ def test_four_ranks_each_its_own_shard_name_a_wrong_backward(live_stack, agent_t
     assert alerts[2].evidence["cause"] == "the GPU computes wrong gradients"
     assert not alerts[2].evidence["ambiguous"] and alerts[2].evidence["shard"] == keys[2]
     assert "rank 2 on " in alerts[2].summary
+    # The run page's table names it at every check, across the four shards.
+    rows = page_rows(token, run)
+    assert len(rows) == STEPS // CHECK_EVERY
+    assert all(row["canary"] == [2] and not row["param"] and not row["grad"] for row in rows)
+    assert all(row["where"] == [f"2 in {keys[2]}"] for row in rows)
