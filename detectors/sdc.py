@@ -26,6 +26,7 @@ from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
 
 _RANK = attrgetter("rank")
+CANARY_MARK = ";canary="  # in a `shard`: the canary group follows (see canary_group)
 # Past this many canaries without a majority, no group is looked for pair by pair (n²).
 PAIRWISE_MAX = 64
 CAUSES = {
@@ -59,44 +60,114 @@ def detect_run(
     """One finding per suspect rank (`run:<run>/rank:<r>`): critical when it disagreed at
     `sdc_critical_checks` or more checked steps; both ranks of a split with no majority are
     reported as ambiguous."""
-    groups: dict[tuple[int, str | None], dict[int, StepRow]] = defaultdict(dict)
-    members: dict[str | None, set[int]] = defaultdict(set)
     checked = [
         row for rows in by_step(run.steps).values() for row in per_step("sdc", rows, _checked(rows))
     ]
-    for row in checked:
-        groups[(row.step, row.shard)][row.rank] = row
-        members[row.shard].add(row.rank)
     # Ranks report on their own: a check is judged once every member of its group has
     # reported it, or once every rank has moved past it (a missing one will not come) —
     # judging three of four replicas, two of them corrupt, would blame the healthy one.
     settled = _settled(run.steps)
+    shards = _complete(checked, settled, lambda row: row.shard)
+    marked = any(row.shard is not None and CANARY_MARK in row.shard for row in checked)
+    canaries = _complete(checked, settled, _canary_key) if marked else shards
     suspects: dict[int, _Suspect] = {}
-    for (step, shard), rows in groups.items():
-        if len(rows) < 2 or (len(rows) < len(members[shard]) and step >= settled):
-            continue
-        verdicts = (
-            ("grad_checksum", minority_exact({r: x.grad_checksum for r, x in rows.items()})),
-            ("param_checksum", minority_exact({r: x.param_checksum for r, x in rows.items()})),
-            ("canary", minority_canary(rows, config.sdc_canary_rtol)),
-        )
-        for name, (odd, ambiguous) in verdicts:
-            for rank in odd:
-                suspect = suspects.setdefault(rank, _Suspect(shard))
-                suspect.steps.add(step)
-                suspect.fields[name] += 1
-                suspect.first_ts = min(suspect.first_ts, rows[rank].ts)
-                if ambiguous:
-                    suspect.peers.update(r for r in odd if r != rank)
-                else:
-                    suspect.ambiguous_only = False
+    # The checksums within each shard, the canaries within each canary group.
+    corrupt: dict[int, set[int]] = defaultdict(set)  # step -> ranks whose weights differ
+    verdicts: list[tuple[int, dict[int, StepRow], str, tuple[list[int], bool]]] = []
+    for (step, _), rows in shards.items():
+        grad = minority_exact({r: x.grad_checksum for r, x in rows.items()})
+        param = minority_exact({r: x.param_checksum for r, x in rows.items()})
+        corrupt[step].update(param[0])
+        verdicts += [(step, rows, "grad_checksum", grad), (step, rows, "param_checksum", param)]
+    for (step, _), rows in canaries.items():
+        odd, ambiguous = minority_canary(rows, config.sdc_canary_rtol)
+        odd = _unexplained(odd, rows, corrupt[step], config.sdc_canary_rtol)
+        verdicts.append((step, rows, "canary", (odd, ambiguous)))
+    for step, rows, name, (odd, ambiguous) in verdicts:
+        for rank in odd:
+            suspect = suspects.setdefault(rank, _Suspect(rows[rank].shard))
+            suspect.steps.add(step)
+            suspect.fields[name] += 1
+            suspect.first_ts = min(suspect.first_ts, rows[rank].ts)
+            if ambiguous:
+                suspect.peers.update(r for r in odd if r != rank)
+            else:
+                suspect.ambiguous_only = False
     if not suspects:
         return []
-    for (step, _), rows in groups.items():
+    for (step, _), rows in shards.items():
         for rank in rows.keys() & suspects.keys():
             suspects[rank].checked.add(step)
     nodes = rank_nodes(run)
     return [_finding(run.run, r, nodes.get(r), suspects[r], config) for r in sorted(suspects)]
+
+
+def canary_group(shard: str | None) -> str | None:
+    """The ranks a rank's canary is compared with: those whose `shard` names the same
+    canary group after `;canary=` (an FSDP probe computes the whole model's gradient, the
+    same on every shard), else those of the same shard."""
+    if shard is not None and CANARY_MARK in shard:
+        return shard.rsplit(CANARY_MARK, 1)[1]
+    return shard
+
+
+def _canary_key(row: StepRow) -> str | None:
+    return canary_group(row.shard)
+
+
+def _complete(
+    checked: list[StepRow], settled: int, key: Callable[[StepRow], str | None]
+) -> dict[tuple[int, str | None], dict[int, StepRow]]:
+    """The checked rows by (step, group), the groups of two or more whose every member
+    reported (or that every rank has moved past)."""
+    groups: dict[tuple[int, str | None], dict[int, StepRow]] = defaultdict(dict)
+    members: dict[str | None, set[int]] = defaultdict(set)
+    for row in checked:
+        group = key(row)
+        groups[(row.step, group)][row.rank] = row
+        members[group].add(row.rank)
+    return {
+        (step, group): rows
+        for (step, group), rows in groups.items()
+        if len(rows) >= 2 and (len(rows) == len(members[group]) or step < settled)
+    }
+
+
+def odd_canaries(rows: Mapping[int, StepRow], corrupt: set[int], rtol: float) -> list[int]:
+    """The ranks of one step's `rows` whose canary disagrees with its canary group's, less
+    those explained by `corrupt` weights (see `_unexplained`): the run page's rule."""
+    groups: dict[str | None, dict[int, StepRow]] = defaultdict(dict)
+    for rank, row in rows.items():
+        groups[canary_group(row.shard)][rank] = row
+    return [
+        rank
+        for group in groups.values()
+        for rank in _unexplained(minority_canary(group, rtol)[0], group, corrupt, rtol)
+    ]
+
+
+def _unexplained(
+    odd: list[int], rows: Mapping[int, StepRow], corrupt: set[int], rtol: float
+) -> list[int]:
+    """`odd` less the ranks whose canary is that of a rank with corrupt weights: under FSDP
+    a rank all-gathers its peers' shards, so a large corruption of one rank's shard moves
+    the canaries of every rank that gathered it, alike; the parameter checksum names the
+    rank that holds it, and the others computed right with what they were given."""
+    if not odd or not corrupt & rows.keys():
+        return odd  # the usual case, in one look
+    prints = {rank: _print(row) for rank, row in rows.items() if row.canary_norm is not None}
+    sources = [prints[rank] for rank in corrupt if rank in prints]
+    return [
+        rank
+        for rank in odd
+        if rank in corrupt
+        or rank not in prints
+        or not any(_agree(prints[rank], source, rtol) for source in sources)
+    ]
+
+
+def _print(row: StepRow) -> tuple[float, ...]:
+    return (row.canary_norm or 0.0, *(row.canary_proj or ()))
 
 
 def _checked(rows: list[StepRow]) -> Callable[[], list[StepRow]]:

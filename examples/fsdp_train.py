@@ -9,7 +9,9 @@ reduce-scattered within a replica, then all-reduced across replicas. So the rank
 the same shard (one per replica) hold the same bytes, and the others do not: the reporter
 derives each rank's shard key from the model (opsboard_agent.torchshard) and sends it with
 its step reports, and the server compares each shard's replicas with each other. Telling
-a corrupt replica from a healthy one needs a majority: three replicas or more.
+a corrupt replica from a healthy one needs a majority: three replicas or more. The canary
+probes the whole model (unsharded, module by module), so it is compared across every rank:
+`--replicas 1` (every rank its own shard) still names a rank whose backward is wrong.
 
 Fault hooks, for tests of the server's detectors:
   --flip-param-rank R --flip-param-step K  rank R flips the lowest bit of one weight of its
@@ -17,6 +19,10 @@ Fault hooks, for tests of the server's detectors:
                                            with its shard's replicas from then on; its
                                            replica's peers all-gather that weight, but it
                                            moves their canaries far less than the tolerance)
+  --flip-param-bit B                       flip bit B instead (23: the lowest exponent bit,
+                                           the weight doubled or halved: a large corruption
+                                           that moves the canary of every rank of R's
+                                           replica, which all-gathers it)
   --perturb-grad-rank R                    rank R's backward is wrong: the gradient into its
                                            hidden layer is scaled by 1+1e-3 (its canary
                                            disagrees; the reductions spread the rest)
@@ -54,6 +60,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--perturb-grad-rank", type=int, default=-1)
     parser.add_argument("--flip-param-rank", type=int, default=-1)
     parser.add_argument("--flip-param-step", type=int, default=-1)
+    parser.add_argument("--flip-param-bit", type=int, default=0, choices=range(31))
     return parser.parse_args()
 
 
@@ -89,13 +96,13 @@ def target(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(x.sum(dim=1, keepdim=True))
 
 
-def flip_one_bit(model: Net) -> None:
-    """Flip the lowest mantissa bit of the first element of this rank's shard of the first
-    weight: a silent, tiny corruption of bytes that only this rank holds."""
+def flip_one_bit(model: Net, bit: int = 0) -> None:
+    """Flip one bit (by default the lowest mantissa bit) of the first element of this
+    rank's shard of the first weight: a silent corruption of bytes only this rank holds."""
     with torch.no_grad():
         weight = model.hidden.weight
         local = weight.to_local() if isinstance(weight, DTensor) else weight
-        local.view(-1)[:1].view(torch.int32).bitwise_xor_(1)
+        local.view(-1)[:1].view(torch.int32).bitwise_xor_(1 << bit)
 
 
 def build(args: argparse.Namespace, rank: int, world_size: int) -> Net:
@@ -144,7 +151,7 @@ def main() -> None:
         with reporter.phase("compute"):
             optimizer.step()
         if rank == args.flip_param_rank and step == args.flip_param_step:
-            flip_one_bit(model)
+            flip_one_bit(model, args.flip_param_bit)
         if check:
             reporter.record_param_checksum(model)
             reporter.record_canary(model, probe_loss)

@@ -74,13 +74,21 @@ def canary(
     per projection, drawn from `seed`), but the gradients are never concatenated, nor even
     kept: a hook on each parameter reads its gradient as backward produces it (the sampled
     coordinates, the sum of squares) and hands autograd an expanded zero in its place, so
-    the probe's extra memory is the gradients in flight, not all of them at once."""
+    the probe's extra memory is the gradients in flight, not all of them at once.
+
+    A DTensor parameter's gradient is read as its local shard (tensor parallel: this
+    rank's slice of the probe's gradient). `module` may be a view (opsboard_agent.
+    torchshard.canary_view) whose `gradient_sizes()` says how many elements each
+    parameter's gradient will have when that differs from the parameter's own (FSDP1's
+    flat parameters, sharded until the probe unshards them)."""
     module = unwrap(model)
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         return {"norm": 0.0, "proj": [0.0] * projections}
-    projector = _Projector([p.numel() for p in params], projections, seed, params[0].device)
-    handles = [p.register_hook(projector.hook(number)) for number, p in enumerate(params)]
+    sizes = getattr(module, "gradient_sizes", None)  # a view whose gradients differ in size
+    numels = sizes() if callable(sizes) else [_local_of(p, p).numel() for p in params]
+    projector = _Projector(numels, projections, seed, params[0].device)
+    handles = [p.register_hook(projector.hook(number, p)) for number, p in enumerate(params)]
     try:
         grads = _probe_gradients(module, params, loss_fn)
     finally:
@@ -88,7 +96,8 @@ def canary(
             handle.remove()
     for number, gradient in enumerate(grads):
         if gradient is not None and number not in projector.seen:
-            projector.add(number, gradient)  # a gradient no hook saw (none, as torch stands)
+            # a gradient no hook saw (none, as torch stands)
+            projector.add(number, _local_of(gradient, params[number]))
     del grads
     return projector.result()
 
@@ -122,11 +131,11 @@ class _Projector:
         self.squares = torch.zeros((), dtype=torch.float64, device=device)
         self.seen: set[int] = set()
 
-    def hook(self, number: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def hook(self, number: int, param: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         def read(gradient: torch.Tensor) -> torch.Tensor:
-            self.add(number, gradient)
+            self.add(number, _local_of(gradient, param))
             # Same shape, no memory: autograd.grad returns this instead of the gradient.
-            return torch.zeros((), dtype=gradient.dtype, device=gradient.device).expand_as(gradient)
+            return _zero_like(gradient)
 
         return read
 
@@ -175,6 +184,33 @@ class _Picks:
         """(positions among all samples, coordinates within tensor `number`)."""
         start, end = self._bounds[number], self._bounds[number + 1]
         return self._positions[start:end], self._local[start:end]
+
+
+def _local_of(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A tensor as this rank holds it: itself, or a DTensor's local shard laid out as its
+    parameter (a gradient may come `Partial`; redistributing it to the parameter's
+    placements is the tensor-parallel reduction a backward completes anyway)."""
+    if not hasattr(tensor, "to_local"):
+        return tensor
+    placements = param.placements  # type: ignore[attr-defined]
+    if tuple(tensor.placements) != tuple(placements):  # type: ignore[attr-defined]
+        tensor = tensor.redistribute(param.device_mesh, placements)  # type: ignore[attr-defined]
+    return tensor.to_local()
+
+
+def _zero_like(gradient: torch.Tensor) -> torch.Tensor:
+    """An expanded zero of `gradient`'s shape and kind (a DTensor's over its mesh)."""
+    if not hasattr(gradient, "to_local"):
+        return torch.zeros((), dtype=gradient.dtype, device=gradient.device).expand_as(gradient)
+    local = gradient.to_local()
+    return type(gradient).from_local(  # type: ignore[attr-defined]
+        _zero_like(local),
+        gradient.device_mesh,  # type: ignore[attr-defined]
+        gradient.placements,  # type: ignore[attr-defined]
+        run_check=False,
+        shape=gradient.shape,
+        stride=gradient.stride(),
+    )
 
 
 def _squared_norm(gradient: torch.Tensor) -> torch.Tensor:

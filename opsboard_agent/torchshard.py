@@ -8,15 +8,15 @@ sharded job it holds only between the ranks that hold the same shard. Three thin
   same one). None for an unsharded model: every rank is a replica, as with DDP.
 - `local_view(model)`: what the checksums digest, the rank's own shard of each parameter
   and of its gradient (a DTensor's local tensor, no copy).
-- `canary_view(model, loss_fn)`: what the canary probes. Under FSDP2 the whole model is
-  unsharded for the probe (each rank then computes the full local gradient, the same on
-  every healthy rank); a tensor-parallel model is probed through its local shards.
+- `canary_view(model, loss_fn)`: what the canary probes. Under FSDP the model is probed
+  unsharded, one module at a time (opsboard_agent.torchprobe): each rank then computes
+  the full local gradient, the same on every healthy rank, whatever shard it holds; a
+  tensor-parallel model is probed through its local shards.
 
 Layouts understood: FSDP2 and HSDP (`fully_shard`), tensor parallel (`parallelize_module`)
 and any other DTensor parameters, FSDP1 (`FullyShardedDataParallel`, flat parameters),
 pipeline stages (`torch.distributed.pipelining.PipelineStage`: pass the stage, whose
-`submod` is the module), and combinations of these. The canary of FSDP1, and of FSDP2
-combined with tensor parallelism (2-D), is not supported (see `canary_view`).
+`submod` is the module), and combinations of these (FSDP2 with tensor parallelism: 2-D).
 """
 
 from __future__ import annotations
@@ -33,66 +33,128 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.func import functional_call
 
 from opsboard_agent.torchcheck import unwrap
+from opsboard_agent.torchprobe import fsdp1_probe, fsdp2_probe
 
 KEY_MAX = 128  # the contract's bound on `shard` (apps/core/bounds.py SHARD_MAX_LENGTH)
 HASH_HEX = 12  # 48 bits of BLAKE2b: layouts of one job never collide in practice
-PREFIX_MAX = KEY_MAX - HASH_HEX - 1
+# A key names the canary's group after this (detectors.sdc.CANARY_MARK; the agent imports
+# nothing of the server's), in at most CANARY_MAX characters.
+CANARY_MARK = ";canary="
+CANARY_MAX = 40
 
 
 def shard_key(model: Any) -> str | None:
-    """`<where>-<hash>` for a sharded model, None for an unsharded one.
+    """`<where>-<hash>` for a sharded model (FSDP2: `<where>-<hash>;canary=<group>`), None
+    for an unsharded one.
 
     `<where>` is for people: this rank's coordinate on each sharded dimension, e.g.
-    `fsdp2-shard=1of2`, `tp=0of2`, `pp=1of4-tp=0of8` (at most 115 characters). The hash
-    (12 hex of BLAKE2b) is of the full description: every parameter's name, dtype and
-    global shape; for a DTensor its placements, its mesh's dimension names and sizes, and
-    this rank's coordinate on the dimensions where it is not replicated; for FSDP1 the
-    rank within the sharding group; for a pipeline stage its index. Replicated dimensions
-    are left out, so the data-parallel replicas of one shard (HSDP's replicas, tensor
-    parallel's data-parallel peers) share a key. Nothing in it depends on a global rank."""
+    `fsdp2-shard=1of2`, `tp=0of2`, `pp=1of4-tp=0of8`. The hash (12 hex of BLAKE2b) is of
+    the full description: every parameter's name, dtype and global shape; for a DTensor
+    its placements, its mesh's dimension names and sizes, and this rank's coordinate on the
+    dimensions where it is not replicated; for FSDP1 the rank within the sharding group;
+    for a pipeline stage its index. Replicated dimensions are left out, so the
+    data-parallel replicas of one shard (HSDP's replicas, tensor parallel's data-parallel
+    peers) share a key. Nothing in it depends on a global rank.
+
+    Under FSDP2 the canary probes the model unsharded (`canary_view`): every rank's canary
+    is then the whole model's gradient, or its tensor-parallel / pipeline slice, comparable
+    across FSDP's shards. `<group>` is the same description without FSDP2's dimensions,
+    `<where>-<hash>` again (`all-<hash>` when nothing else is sharded), and the server
+    compares canaries within it, checksums within the whole key."""
     stage = _stage(model)
     module = _module(model)
-    where: dict[str, None] = {}  # an ordered set
-    if stage is not None:
-        where[f"pp={stage[0]}of{stage[1]}"] = None
-    if any(isinstance(m, FSDPModule) for m in module.modules()):
-        where["fsdp2"] = None
-    lines = [f"stage:{stage}"]
-    lines += [_describe(name, param, where) for name, param in module.named_parameters()]
-    lines += _describe_fsdp1(model, where)
-    if not where or list(where) == ["fsdp2"]:  # fsdp2 alone: every parameter replicated
+    fsdp_dims = _fsdp2_dims(module)
+    key, canary = _Description(), _Description()
+    for description in (key, canary):
+        description.lines.append(f"stage:{stage}")
+        if stage is not None:
+            description.where[f"pp={stage[0]}of{stage[1]}"] = None
+    if fsdp_dims is not None:
+        key.where["fsdp2"] = None
+    for name, param in module.named_parameters():
+        _describe(name, param, key, canary, fsdp_dims or set())
+    fsdp1 = _describe_fsdp1(model, key, canary)
+    if not key.where or list(key.where) == ["fsdp2"]:  # fsdp2 alone: every one replicated
         return None
-    digest = hashlib.blake2b("\n".join(lines).encode(), digest_size=HASH_HEX // 2).hexdigest()
-    return f"{'-'.join(where)[:PREFIX_MAX]}-{digest}"
+    if fsdp_dims is None and not fsdp1:
+        return key.render(KEY_MAX)
+    group = canary.render(CANARY_MAX)
+    return key.render(KEY_MAX - len(CANARY_MARK) - len(group)) + CANARY_MARK + group
 
 
-def _describe(name: str, param: torch.Tensor, where: dict[str, None]) -> str:
-    """One parameter's line of the description; adds its sharded coordinates to `where`."""
+class _Description:
+    """What a key says: the coordinates for people (an ordered set) and the hashed lines."""
+
+    def __init__(self) -> None:
+        self.where: dict[str, None] = {}
+        self.lines: list[str] = []
+
+    def render(self, limit: int) -> str:
+        digest = hashlib.blake2b("\n".join(self.lines).encode(), digest_size=HASH_HEX // 2)
+        where = "-".join(self.where) or "all"
+        return f"{where[: limit - HASH_HEX - 1]}-{digest.hexdigest()}"
+
+
+def _describe(
+    name: str, param: torch.Tensor, key: _Description, canary: _Description, fsdp: set[str]
+) -> None:
+    """One parameter's line of the key's description and of its canary group's (which
+    leaves out the mesh dimensions named in `fsdp`), their sharded coordinates added."""
     line = f"{name}:{param.dtype}:{tuple(param.shape)}"
     if not isinstance(param, DTensor):
-        return line
+        key.lines.append(line)
+        canary.lines.append(line)
+        return
     mesh = param.device_mesh
     names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
     coordinate = mesh.get_coordinate() or ()
-    sharded = []
+    sharded, kept = [], []
     for dim, placement in enumerate(param.placements):
+        if names[dim] not in fsdp:
+            kept.append(f"{names[dim]}:{mesh.size(dim)}:{placement}")
         if isinstance(placement, Replicate) or mesh.size(dim) == 1:
             continue  # the replicas along this dimension hold the same bytes
-        where[f"{names[dim]}={coordinate[dim]}of{mesh.size(dim)}"] = None
-        sharded.append(f"{names[dim]}={coordinate[dim]}")
-    return f"{line}:{param.placements}:{names}:{tuple(mesh.shape)}:{sharded}"
+        at = f"{names[dim]}={coordinate[dim]}of{mesh.size(dim)}"
+        key.where[at] = None
+        sharded.append(at)
+        if names[dim] not in fsdp:
+            canary.where[at] = None
+    key.lines.append(f"{line}:{param.placements}:{names}:{tuple(mesh.shape)}:{sharded}")
+    canary.lines.append(f"{line}:{kept}:{[at for at in sharded if at in canary.where]}")
 
 
-def _describe_fsdp1(model: Any, where: dict[str, None]) -> list[str]:
+def _fsdp2_dims(module: nn.Module) -> set[str] | None:
+    """The names of the mesh dimensions FSDP2 shards or replicates `module`'s parameters
+    over (HSDP's two, or the data-parallel one beside tensor parallelism); None without
+    FSDP2. An unnamed mesh's dimensions are `dim0`, ... as in `_describe`."""
+    parts = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    if not parts:
+        return None
+    dims: set[str] = set()
+    for part in parts:
+        for group in part._get_fsdp_state()._fsdp_param_groups:
+            mesh = group.mesh_info.mesh
+            dims.update(mesh.mesh_dim_names or (f"dim{i}" for i in range(mesh.ndim)))
+    return dims
+
+
+def _describe_fsdp1(model: Any, key: _Description, canary: _Description) -> bool:
     """FSDP1's part of the description: each wrapper's rank within its sharding group (its
-    flat parameters' local shapes are often equal across ranks)."""
-    lines = []
+    flat parameters' local shapes are often equal across ranks); for the canary's group,
+    which probes the unsharded flat parameters, their sizes instead. Whether any wrapper
+    shards."""
+    sharded = False
     for fsdp in _fsdp1_modules(model):
         rank, size = fsdp.rank, fsdp.world_size
         if size > 1 and fsdp.sharding_strategy.name != "NO_SHARD":
-            where[f"fsdp1={rank}of{size}"] = None
-            lines.append(f"fsdp1:{fsdp.sharding_strategy}:{rank}/{size}")
-    return lines
+            sharded = True
+            key.where[f"fsdp1={rank}of{size}"] = None
+            key.lines.append(f"fsdp1:{fsdp.sharding_strategy}:{rank}/{size}")
+        handle = fsdp._handle
+        if handle is not None:
+            unsharded = tuple(handle.flat_param._unpadded_unsharded_size)
+            canary.lines.append(f"fsdp1:{fsdp.sharding_strategy}:{size}:{unsharded}")
+    return sharded
 
 
 def local_view(model: Any) -> Any:
@@ -132,23 +194,29 @@ def canary_view(
     model: Any, loss_fn: Callable[[Any], torch.Tensor]
 ) -> Iterator[tuple[Any, Callable[[Any], torch.Tensor]]]:
     """`(model, loss_fn)` for `torchcheck.canary`, so that its gradients are this rank's
-    own local gradients of the probe, in plain tensors.
+    own local gradients of the probe, never reduced across data-parallel ranks.
 
     - Unsharded (DDP, a pipeline stage of plain tensors): as given (a stage's module).
-    - FSDP2: every `fully_shard` module is unsharded for the probe (its parameters are then
-      plain tensors: the canary's gradients are the full unsharded local gradients, never
-      reduce-scattered since they never reach `.grad`), and resharded after. The cost: the
-      whole model's parameters at once, as `summon_full_params` would.
+    - FSDP2, and FSDP2 with tensor parallelism: a view whose parameters are the unsharded
+      ones, called through the FSDP2 root, whose hooks unshard one module at a time
+      (`torchprobe.fsdp2_probe`): the full local gradient (its TP slice under 2-D), at the
+      memory of about two modules unsharded.
+    - FSDP1: a view whose parameters are the flat parameters, called through the root
+      wrapper (which must be what is passed), a unit at a time (`torchprobe.fsdp1_probe`).
     - Other DTensor parameters (tensor parallel): a view whose parameters are the local
       shards as leaf tensors; calling it runs the module with DTensors built on them
       (`torch.func.functional_call`), so the probe's gradients land on the local shards.
       `loss_fn` must call the module it is given (not reach into its submodules).
 
-    FSDP1 is not supported: its forward outside the wrapper sees only flat shards, and
-    `summon_full_params` forbids the nested wrappers' forwards. Every rank must call it at
-    the same step: unsharding is a collective."""
-    if _fsdp1_modules(model):
-        raise NotImplementedError("the canary of FSDP1: use FSDP2 (fully_shard)")
+    Every rank must call it at the same step: unsharding is a collective."""
+    fsdp1 = _fsdp1_modules(model)
+    if fsdp1:
+        root = model.submod if _stage(model) is not None else model
+        if root is not fsdp1[0]:
+            raise NotImplementedError("the canary of FSDP1 needs the root wrapper passed")
+        with fsdp1_probe(root, fsdp1) as flat:
+            yield flat, loss_fn
+        return
     module = _module(model)
     fsdp = [m for m in module.modules() if isinstance(m, FSDPModule)]
     if not fsdp:
@@ -157,17 +225,8 @@ def canary_view(
         else:
             yield (model if _stage(model) is None else module), loss_fn
         return
-    for part in fsdp:
-        part.unshard()
-    try:
-        if _has_dtensors(module):
-            raise NotImplementedError(
-                "the canary of FSDP2 combined with DTensor (tensor parallel) parameters"
-            )
-        yield module, loss_fn
-    finally:
-        for part in fsdp:
-            part.reshard()
+    with fsdp2_probe(module, fsdp) as view:
+        yield view, loss_fn
 
 
 class _ShardLeaves(nn.Module):

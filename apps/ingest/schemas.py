@@ -129,7 +129,10 @@ class Step(Record):
             " sharded mesh dimension (FSDP2, HSDP, tensor parallel), its rank in the FSDP1"
             " sharding group or its pipeline stage, and the hex a BLAKE2b hash of every"
             " parameter's name, dtype, global shape and placement. Data-parallel replicas of"
-            " a shard share it; an unsharded (DDP) model sends none."
+            " a shard share it; an unsharded (DDP) model sends none. A shard may name its"
+            " canary's group after ';canary=' (FSDP, whose canary probes the unsharded"
+            " model: e.g. 'fsdp2-shard=1of4-3fa9c0d1e2b4;canary=all-0b1c2d3e4f5a'): canaries"
+            " are then compared within that group, checksums still within the whole shard."
         ),
     )
     # the rank's GPU index on its node (an extension: ties the rank to that GPU's tile)

@@ -6,10 +6,13 @@ Each layout but `ddp` is a 2 x 2 split of the 4 ranks into data-parallel replica
 
 - `ddp`: DistributedDataParallel, the unsharded control (four replicas, no shard key);
 - `hsdp`: FSDP2 (`fully_shard`) on a 2-D mesh ("replicate", "shard");
-- `fsdp1`: FullyShardedDataParallel HYBRID_SHARD on the same mesh (flat parameters);
+- `fsdp1`: FullyShardedDataParallel HYBRID_SHARD on the same mesh, a unit per layer (flat
+  parameters);
 - `tp`: tensor parallel (`parallelize_module`, column- then row-wise) on ("dp", "tp"),
   gradients averaged over "dp" by hand;
-- `pp`: two pipeline stages (`PipelineStage`, GPipe) on ("dp", "pp"), likewise.
+- `pp`: two pipeline stages (`PipelineStage`, GPipe) on ("dp", "pp"), likewise;
+- `fsdp_tp`: tensor parallel on "tp" and FSDP2 (`fully_shard`) on "dp" of ("dp", "tp"):
+  2-D, every rank a different shard.
 
 Each rank trains two steps and records the three checks with a Reporter whose server does
 not answer, reads back from its spool the step report it would have sent, and writes it to
@@ -32,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy, fully_shard
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -140,6 +144,7 @@ def fsdp1(mesh: DeviceMesh, reporter: Reporter) -> dict:
         device_mesh=mesh,
         sharding_strategy=ShardingStrategy.HYBRID_SHARD,
         device_id=torch.device("cpu"),
+        auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),  # a unit per layer, and the root
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
@@ -149,14 +154,28 @@ def fsdp1(mesh: DeviceMesh, reporter: Reporter) -> dict:
         F.mse_loss(model(x), y).backward()
         return optimizer
 
-    # The canary of FSDP1 is not supported (torchshard.canary_view): checksums only.
-    try:
-        reporter.record_canary(model, probe_loss)
-    except NotImplementedError as error:
-        refused = str(error)
-    reporter.record_canary = lambda *args: {}  # type: ignore[method-assign]
-    sent = report(reporter, model, None, step)
-    return {"sent": sent, "canary_refused": refused, "flipped": flipped(reporter, model, model)}
+    record, kept = reporter.record_canary, []
+
+    def record_canary(checked: Any, loss_fn: Any) -> dict:
+        # The probe's gradients must never reach the training's (sharded) `.grad`.
+        grads = [p.grad.clone() for p in model.parameters()]
+        value = record(checked, loss_fn)
+        pairs = zip(model.parameters(), grads, strict=True)
+        kept.append(all(torch.equal(p.grad, g) for p, g in pairs))
+        return value
+
+    reporter.record_canary = record_canary  # type: ignore[method-assign]
+    sent = report(reporter, model, probe_loss, step)
+    # The canary's coordinates are the flat parameters': its norm is the full gradient's.
+    plain = mlp()
+    plain.load_state_dict(model.state_dict())  # FSDP1's default: the full state dict
+    reference = torchcheck.canary(plain, probe_loss)
+    return {
+        "sent": sent,
+        "reference": reference,
+        "grads_kept": kept == [True],
+        "flipped": flipped(reporter, model, model),
+    }
 
 
 def tp(mesh: DeviceMesh, reporter: Reporter) -> dict:
@@ -180,6 +199,36 @@ def tp(mesh: DeviceMesh, reporter: Reporter) -> dict:
     grads = torch.autograd.grad(probe_loss(plain), list(plain.parameters()))
     local = [
         distribute_tensor(g, p.device_mesh, p.placements).to_local()
+        for g, p in zip(grads, model.parameters(), strict=True)
+    ]
+    local_norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in local])))
+    return {"sent": sent, "local_norm": local_norm, "flipped": flipped(reporter, model, model)}
+
+
+def fsdp_tp(mesh: DeviceMesh, reporter: Reporter) -> dict:
+    model = mlp()
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    replica = mesh["dp"].get_local_rank()
+
+    def step(number: int) -> torch.optim.Optimizer:
+        optimizer.zero_grad()
+        x, y = batch(100 * number + replica)  # the ranks of one TP group share a batch
+        F.mse_loss(model(x), y).backward()  # FSDP reduce-scatters over "dp"
+        return optimizer
+
+    sent = report(reporter, model, probe_loss, step)
+    # The canary: the probe's full gradient over "dp" (unsharded), this rank's slice of
+    # it over "tp", as the tensor-parallel canary is.
+    plain = mlp()
+    plain.load_state_dict({name: p.full_tensor() for name, p in model.state_dict().items()})
+    grads = torch.autograd.grad(probe_loss(plain), list(plain.parameters()))
+    tp_mesh = mesh["tp"]
+    local = [
+        distribute_tensor(g, tp_mesh, (p.placements[-1],)).to_local()
         for g, p in zip(grads, model.parameters(), strict=True)
     ]
     local_norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in local])))
@@ -220,6 +269,7 @@ LAYOUTS = {
     "fsdp1": (fsdp1, ("replicate", "shard")),
     "tp": (tp, ("dp", "tp")),
     "pp": (pp, ("dp", "pp")),
+    "fsdp_tp": (fsdp_tp, ("dp", "tp")),
 }
 
 

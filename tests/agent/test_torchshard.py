@@ -75,6 +75,19 @@ def test_hsdp_replicas_of_a_shard_share_a_key_and_agree(layouts):
     assert_replicas_of_a_shard_agree(layouts["hsdp"], "fsdp2-shard=")
 
 
+def test_an_fsdp2_key_names_one_canary_group_for_every_shard(layouts):
+    # The probe unshards the model: every rank's canary is the whole model's, so the key
+    # names a canary group (after ";canary=") that FSDP's coordinates are left out of.
+    keys = sent(layouts["hsdp"], "shard")
+    groups = {key.split(";canary=")[1] for key in keys.values()}  # type: ignore[union-attr]
+    assert len(groups) == 1 and groups.pop().startswith("all-")
+    assert all(len(key) <= 128 for key in keys.values())  # type: ignore[arg-type]
+    fsdp1 = {key.split(";canary=")[1] for key in sent(layouts["fsdp1"], "shard").values()}  # type: ignore[union-attr]
+    assert len(fsdp1) == 1 and fsdp1.pop().startswith("all-")  # FSDP1's probe: unsharded too
+    for name in ("tp", "pp"):  # a canary of the rank's own slice: its shard's
+        assert all(";canary=" not in key for key in sent(layouts[name], "shard").values())
+
+
 def test_the_fsdp2_canary_is_the_full_local_gradient_of_the_probe(layouts):
     # Unsharded for the probe, every rank computes the whole model's gradient: the same on
     # every healthy rank, and the same as an unsharded copy of the model gives.
@@ -85,8 +98,17 @@ def test_the_fsdp2_canary_is_the_full_local_gradient_of_the_probe(layouts):
 
 def test_fsdp1_hybrid_shards_are_keyed_by_their_rank_in_the_shard_group(layouts):
     assert_replicas_of_a_shard_agree(layouts["fsdp1"], "fsdp1=")
-    for result in layouts["fsdp1"].values():
-        assert "FSDP1" in result["canary_refused"] and "canary" not in result["sent"]
+
+
+def test_the_fsdp1_canary_is_the_full_local_gradient_of_the_probe(layouts):
+    # Probed through the root wrapper a unit at a time: every rank computes the whole
+    # model's gradient, over the flat parameters' coordinates (so only the norm matches an
+    # unsharded copy's), and the training's sharded gradients are left as they were.
+    canaries = sent(layouts["fsdp1"], "canary")
+    for rank, result in layouts["fsdp1"].items():
+        assert canary_close(canaries[rank], canaries[0], rel=1e-12)
+        assert math.isclose(canaries[rank]["norm"], result["reference"]["norm"], rel_tol=1e-9)
+        assert result["grads_kept"]
 
 
 def test_tensor_parallel_replicas_share_a_key_and_agree(layouts):
@@ -101,6 +123,24 @@ def test_tensor_parallel_replicas_share_a_key_and_agree(layouts):
         assert math.isclose(result["sent"]["canary"]["norm"], result["local_norm"], rel_tol=1e-6)
 
 
+def test_fsdp2_with_tensor_parallel_compares_canaries_by_tp_coordinate(layouts):
+    # 2-D: "dp" sharded by FSDP2, "tp" by tensor parallelism; every rank holds a different
+    # shard (no checksum has a peer), and the probe unshards "dp" only: each canary is its
+    # TP slice of the probe's full gradient, the same on the ranks of one TP coordinate.
+    layout = layouts["fsdp_tp"]
+    keys = sent(layout, "shard")
+    assert len(set(keys.values())) == RANKS
+    groups = {rank: key.split(";canary=")[1] for rank, key in keys.items()}  # type: ignore[union-attr]
+    canaries = sent(layout, "canary")
+    for a, b in SAME_SHARD:  # rank = dp * 2 + tp: (0, 2) and (1, 3) share a TP coordinate
+        assert keys[a].startswith(f"fsdp2-dp={a // 2}of2-tp={a % 2}of2-")  # type: ignore[union-attr]
+        assert groups[a] == groups[b] and groups[a].startswith(f"tp={a % 2}of2-")
+        assert canary_close(canaries[a], canaries[b], rel=1e-12)
+    assert groups[0] != groups[1] and not canary_close(canaries[0], canaries[1])
+    for result in layout.values():
+        assert math.isclose(result["sent"]["canary"]["norm"], result["local_norm"], rel_tol=1e-6)
+
+
 def test_pipeline_stages_are_keyed_apart_and_their_replicas_agree(layouts):
     pp = layouts["pp"]
     assert_replicas_of_a_shard_agree(pp, "pp=")
@@ -110,7 +150,7 @@ def test_pipeline_stages_are_keyed_apart_and_their_replicas_agree(layouts):
     assert not canary_close(canaries[0], canaries[1])
 
 
-@pytest.mark.parametrize("name", ["ddp", "hsdp", "fsdp1", "tp", "pp"])
+@pytest.mark.parametrize("name", ["ddp", "hsdp", "fsdp1", "tp", "pp", "fsdp_tp"])
 def test_a_bit_flipped_in_a_local_shard_changes_that_ranks_checksum_only(layouts, name):
     layout = layouts[name]
     after = {rank: result["flipped"] for rank, result in layout.items()}

@@ -138,3 +138,40 @@ def test_a_check_is_judged_only_once_every_replica_reported_it():
     later = [*partial, *(r for r in steps(ranks=4, count=33, extra=checks(bad)) if r.step > 30)]
     found = sdc.detect(cluster(run(later)), last_ts(later))
     assert all(30 in f.evidence["steps"] for f in found)
+
+
+def fsdp(shards: int):
+    """An FSDP job's keys: rank r holds shard r % `shards`, every canary in one group."""
+    return lambda r: f"fsdp2-shard={r % shards}of{shards}-0123456789ab;canary=*"
+
+
+def test_an_fsdp_canary_is_compared_across_shards():
+    # 4 ranks, each its own shard: no checksum has a peer, the canaries (each the whole
+    # model's local gradient of the probe) all do.
+    found = findings(checks({2: {"canary_norm": 3.2}}, shard=fsdp(4)), ranks=4)
+    assert [(f.rank, f.evidence["ambiguous"]) for f in found] == [(2, False)]
+    assert found[0].evidence["shard"] == fsdp(4)(2)
+    assert found[0].evidence["cause"] == "the GPU computes wrong gradients"
+    # Without the canary group, each rank is alone: nothing can be said.
+    plain = lambda r: f"fsdp2-shard={r}of4-0123456789ab"  # noqa: E731
+    assert findings(checks({2: {"canary_norm": 3.2}}, shard=plain), ranks=4) == []
+
+
+def test_peers_that_gathered_a_corrupt_shard_are_not_blamed_for_their_canaries():
+    # HSDP 3 x 2 (rank r: replica r // 2, shard r % 2): rank 3's weights are corrupt, and
+    # rank 2, its replica's other rank, all-gathers them: both canaries move, alike.
+    moved = {"canary_norm": 3.5}
+    bad = {3: {"param_checksum": "corrupt", **moved}, 2: moved}
+    found = findings(checks(bad, shard=fsdp(2)), ranks=6)
+    assert [(f.rank, f.evidence["cause"]) for f in found] == [
+        (3, "the replica's weights were corrupted")
+    ]
+    # A wrong backward beside it is still named: its canary is not the corrupt one's.
+    bad[4] = {"canary_norm": 3.2}
+    found = findings(checks(bad, shard=fsdp(2)), ranks=6)
+    assert [f.rank for f in found] == [3, 4]
+    # 2 x 2: rank 2's corrupt shard 0 is one against one (0 and 2, ambiguous); rank 3
+    # gathered it, rank 1 did not: neither is named.
+    bad = {2: {"param_checksum": "corrupt", **moved}, 3: moved}
+    found = findings(checks(bad, shard=fsdp(2)), ranks=4)
+    assert [(f.rank, f.evidence["ambiguous"]) for f in found] == [(0, True), (2, True)]

@@ -18,7 +18,7 @@ from apps.runs.choices import ENDED_STATES, RunState
 from apps.runs.models import Run, RunEvent
 from apps.runs.selectors import run_first_report_at, step_reports
 from detectors.config import DEFAULT_CONFIG
-from detectors.sdc import minority_canary, minority_exact
+from detectors.sdc import minority_exact, odd_canaries
 from detectors.types import StepRow
 
 CHECKED_STEPS_MAX = 200
@@ -106,11 +106,13 @@ def _step_agreement(step: int, ts: float, shards: dict[str | None, dict[int, Ste
         out["ranks"] += len(rows)
         grad = minority_exact({r: row.grad_checksum for r, row in rows.items()})[0]
         param = minority_exact({r: row.param_checksum for r, row in rows.items()})[0]
-        canary = minority_canary(rows, rtol)[0]
         out["grad"] += grad
         out["param"] += param
-        out["canary"] += canary
-        where.update(dict.fromkeys((*grad, *param, *canary), shard or ""))
+        where.update(dict.fromkeys((*grad, *param), shard or ""))
+    # Canaries within their canary group, which may span shards (an FSDP probe's does).
+    every = {rank: row for rows in shards.values() for rank, row in rows.items()}
+    out["canary"] = odd_canaries(every, set(out["param"]), rtol)
+    where.update({rank: every[rank].shard or "" for rank in out["canary"]})
     out["shards"] = sorted(s or "" for s in shards)
     # Which shard each disagreeing rank holds: its replicas are the ranks it differs from.
     out["where"] = [f"{rank} in {shard}" for rank, shard in sorted(where.items()) if shard]
