@@ -167,7 +167,7 @@ def goodput_of(
     start = since if since is not None else started_at
     if start is None:
         start = min((c.end - c.step_time for c in done), default=now)
-    saves = _saves(events, now)
+    saves = checkpoint_saves(events, now)
     typical = median([c.step_time for c in done[-20:]]) if done else 0.0
     hang_limit = max(config.hang_factor * typical, config.hang_min_s)
     buckets = dict.fromkeys(BUCKETS, 0.0)
@@ -215,7 +215,7 @@ def goodput_of(
     )
 
 
-def _saves(events: list[EventRow], now: float) -> list[tuple[float, float]]:
+def checkpoint_saves(events: list[EventRow], now: float) -> list[tuple[float, float]]:
     """(start, end) of local (blocking) checkpoint saves (`events` in time order); an
     unfinished one runs to `now`."""
     started: dict[object, float] = {}

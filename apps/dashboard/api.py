@@ -2,17 +2,25 @@
 fleet's costliest nodes and GPUs. The fleet page and its exports read the same selector."""
 
 import time
+from typing import Any
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 from pydantic import field_validator
 
 from apps.access.auth import reader_auth
-from apps.access.selectors import clusters_readable, node_only, nodes_visible_named
+from apps.access.selectors import (
+    clusters_readable,
+    node_only,
+    nodes_visible_named,
+    request_cluster_filter,
+)
 from apps.core.db_router import replica_reads
-from apps.core.errors import Errors
+from apps.core.errors import Errors, FieldError
 from apps.core.params import CLUSTER_MAX_LENGTH
 from apps.dashboard.selectors.ledger import DAYS_KEPT, LEDGER_DAYS, fleet_ledger_json, node_ledger
+from apps.dashboard.selectors.report import run_report
+from apps.runs.selectors import run_get
 
 router = Router(tags=["reading back"])
 
@@ -29,6 +37,12 @@ class LedgerQuery(Schema):
         if value not in LEDGER_DAYS:
             raise ValueError(DAYS_KEPT)
         return value
+
+
+class ClusterQuery(Schema):
+    cluster: str | None = Field(
+        default=None, max_length=CLUSTER_MAX_LENGTH, description="for a logged-in user"
+    )
 
 
 class XidCount(Schema):
@@ -94,6 +108,22 @@ def node_ledger_read(request: HttpRequest, name: str, query: Query[LedgerQuery])
     nodes = nodes_visible_named(request, name, query.cluster).select_related("cluster")
     node = node_only(list(nodes[:2]))
     return node_ledger(node=node, days=query.days, now=time.time()).to_dict()
+
+
+@router.get(
+    "/runs/{name}/report",
+    auth=reader_auth,
+    response={200: dict[str, Any], 400: Errors, 401: Errors, 404: Errors},
+)
+@replica_reads
+def run_report_read(request: HttpRequest, name: str, query: Query[ClusterQuery]):
+    """The run's reliability report (docs/operations.md): goodput and badput, interruptions
+    by root cause with the GPU-hours each lost since its last durable checkpoint, checkpoint
+    cadence against Young/Daly's optimum, and the nodes that cost it most."""
+    run = run_get(name=name, **request_cluster_filter(request, query.cluster))
+    if run is None:  # as GET /api/v1/runs/NAME answers
+        raise FieldError(404, "name", "no such run")
+    return run_report(run=run)
 
 
 @router.get("/ledger", auth=reader_auth, response={200: FleetLedgerOut, 400: Errors, 401: Errors})

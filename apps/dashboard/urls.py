@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.dashboard.views import alerts, fleet, node, overview, run
+from apps.dashboard.views import alerts, fleet, node, overview, report, run
 
 RUN = "clusters/<str:cluster>/runs/<str:run>/"
 NODE = "clusters/<str:cluster>/nodes/<str:node>/"
@@ -16,6 +16,9 @@ urlpatterns = [
     path("clusters/<str:cluster>/", overview.cluster_overview, name="cluster-overview"),
     path(RUN, run.run_detail, name="run-detail"),
     path(f"{RUN}ranks/<int:rank>/", run.rank_detail, name="rank-detail"),
+    path(f"{RUN}report/", report.run_report_page, name="run-report"),
+    path(f"{RUN}report.json", report.run_report_page, {"fmt": "json"}, name="run-report-json"),
+    path(f"{RUN}report.md", report.run_report_page, {"fmt": "md"}, name="run-report-md"),
     path(NODE, node.node_detail, name="node-detail"),
 ]
 for fmt in ("json", "csv"):

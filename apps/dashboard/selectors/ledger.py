@@ -70,16 +70,21 @@ WHERE e.cluster_id = ANY(%(clusters)s) AND e.kind IN ('xid', 'ecc')
 GROUP BY 1, 2, 3, 4
 """
 
-_RESTARTS_SQL = """
+# A restart's cause (`e`: a row with run_id and ts): the newest critical alert of its run that
+# was open when the job restarted, or had resolved within %(cause)s seconds before. The ledger
+# and the run's reliability report (selectors.report) lay restarts at the same doors.
+RESTART_CAUSE = """
+SELECT a.id, a.node_id, a.gpu, a.kind, a.summary, a.evidence FROM alerts_alert a
+WHERE a.run_id = e.run_id AND a.severity = 'critical' AND a.node_id IS NOT NULL
+  AND a.opened_at <= e.ts
+  AND (a.resolved_at IS NULL OR a.resolved_at >= e.ts - %(cause)s * interval '1 second')
+ORDER BY a.opened_at DESC, a.id DESC LIMIT 1
+"""
+
+_RESTARTS_SQL = f"""
 SELECT cause.node_id, cause.gpu, cause.kind
 FROM runs_runevent e
-CROSS JOIN LATERAL (
-  SELECT a.node_id, a.gpu, a.kind FROM alerts_alert a
-  WHERE a.run_id = e.run_id AND a.severity = 'critical' AND a.node_id IS NOT NULL
-    AND a.opened_at <= e.ts
-    AND (a.resolved_at IS NULL OR a.resolved_at >= e.ts - %(cause)s * interval '1 second')
-  ORDER BY a.opened_at DESC, a.id DESC LIMIT 1
-) cause
+CROSS JOIN LATERAL ({RESTART_CAUSE}) cause
 WHERE e.cluster_id = ANY(%(clusters)s) AND e.kind = 'restart' AND e.run_id IS NOT NULL
   AND (%(node)s::bigint IS NULL OR cause.node_id = %(node)s)
   AND e.ts >= %(since)s AND e.ts < %(now)s
