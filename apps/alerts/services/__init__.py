@@ -42,6 +42,7 @@ from apps.alerts.selectors import (
 )
 from apps.alerts.selectors.kept import kept_window
 from apps.alerts.services.announce import alerts_announce
+from apps.alerts.services.incidents import incidents_fold
 from apps.alerts.services.periodic import pass_lock, periodic_skip_count
 from apps.alerts.services.retention import AlertsPruned, alerts_prune
 from apps.alerts.services.webhooks import (  # re-exported: the services' one entry point
@@ -191,7 +192,11 @@ def alerts_sync(*, cluster: Cluster, findings: Iterable[Finding], now: float) ->
         for pk in _open_alerts_resolve(due, at=at):
             result.resolved.append(pk)
             changes.append((pk, AlertEvent.RESOLVED))
-        alerts_announce(cluster=cluster, changes=changes)
+        # only an alert opening or resolving moves incidents (services/incidents.py)
+        folded = (
+            incidents_fold(cluster=cluster, at=at) if result.opened or result.resolved else None
+        )
+        alerts_announce(cluster=cluster, changes=changes, incidents=folded)
     return result
 
 
