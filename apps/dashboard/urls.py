@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.dashboard.views import alerts, node, overview, run
+from apps.dashboard.views import alerts, incidents, node, overview, run
 
 RUN = "clusters/<str:cluster>/runs/<str:run>/"
 NODE = "clusters/<str:cluster>/nodes/<str:node>/"
@@ -10,6 +10,8 @@ urlpatterns = [
     path("alerts/", alerts.alerts_page, name="alerts"),
     path("alerts/<int:alert_id>/ack", alerts.alert_ack, name="alert-ack"),
     path("alerts/<int:alert_id>/", alerts.alert_detail, name="alert-detail"),
+    path("incidents/<int:incident_id>/ack", incidents.incident_ack, name="incident-ack"),
+    path("incidents/<int:incident_id>/", incidents.incident_detail, name="incident-detail"),
     path("clusters/<str:cluster>/", overview.cluster_overview, name="cluster-overview"),
     path(RUN, run.run_detail, name="run-detail"),
     path(f"{RUN}ranks/<int:rank>/", run.rank_detail, name="rank-detail"),
