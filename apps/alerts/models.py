@@ -75,9 +75,8 @@ class Incident(models.Model):
     root_node = models.CharField(max_length=255, blank=True)
     root_gpu = models.IntegerField(null=True, blank=True)
     root_rank = models.IntegerField(null=True, blank=True)
-    root_alert = models.ForeignKey(
-        Alert, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
+    # the root's alert id: a plain number, kept when retention deletes the alert (by SQL)
+    root_alert = models.BigIntegerField(null=True, blank=True)
     # [{"kind", "node", "gpu", "rank", "alert"}]: the alerts nothing else in it explains
     candidates = models.JSONField(default=list, blank=True)
     opened_at = models.DateTimeField()

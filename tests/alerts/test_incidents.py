@@ -75,7 +75,7 @@ def test_a_hot_gpu_and_its_straggling_rank_open_one_incident_rooted_at_the_heat(
         "node-02",
         3,
     )
-    assert incident.root_alert_id == alerts["thermal"].pk
+    assert incident.root_alert == alerts["thermal"].pk
     assert incident.opened_at.timestamp() == T0
 
 

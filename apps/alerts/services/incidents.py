@@ -81,7 +81,7 @@ def _root_fields(group: Group) -> dict[str, Any]:
         "root_node": (root.node or "") if root else "",
         "root_gpu": root.gpu if root else None,
         "root_rank": root.rank if root else None,
-        "root_alert_id": root.alert if root else None,
+        "root_alert": root.alert if root else None,
         "candidates": [_cause_json(c) for c in group.candidates],
     }
 
