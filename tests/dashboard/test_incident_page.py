@@ -141,3 +141,10 @@ def test_a_resolved_incident_offers_no_actions(incident):
     html = client_of("alice").get(f"/incidents/{incident.pk}/").content.decode()
     assert "commands/cordon" not in html and 'id="incident-ack"' not in html
     assert "incident resolved" in html
+
+
+def test_anonymous_visitors_are_sent_to_log_in(incident):
+    response = Client(HTTP_HOST="127.0.0.1").get(f"/incidents/{incident.pk}/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/?next=")
+    assert Client(HTTP_HOST="127.0.0.1").get("/incidents/999999/").status_code == 302
