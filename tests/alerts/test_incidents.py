@@ -191,3 +191,13 @@ def test_folding_costs_the_same_statements_for_2_or_40_faults(cluster):
         # the opening pass creates one row per alert; folding adds a fixed few statements
         counts[count] = (len(opened) - 2 * count, len(gone))
     assert counts[1] == counts[20]
+
+
+def test_an_alert_open_from_before_folding_is_folded_at_the_next_pass(cluster):
+    alerts_sync(cluster=cluster, findings=[thermal(), straggler()], now=T0)
+    Alert.objects.update(incident=None)  # as alerts opened before incidents existed
+    Incident.objects.all().delete()
+    alerts_sync(cluster=cluster, findings=[thermal(), straggler()], now=T0 + 30)
+    [incident] = Incident.objects.filter(cluster=cluster)
+    assert set(Alert.objects.values_list("incident", flat=True)) == {incident.pk}
+    assert incident.root_kind == "thermal"
