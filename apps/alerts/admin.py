@@ -4,6 +4,7 @@ from apps.access.admin_scoping import ADMINISTERED, ClusterScopedAdmin
 from apps.alerts.models import (
     Alert,
     ClusterDetectorConfig,
+    Incident,
     WebhookDelivery,
     WebhookEndpoint,
     new_signing_secret,
@@ -18,6 +19,18 @@ class AlertAdmin(ClusterScopedAdmin):
     list_select_related = ["cluster"]
     # Alerts change through the detectors and the acknowledge action, not by hand.
     readonly_fields = [f.name for f in Alert._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(Incident)
+class IncidentAdmin(ClusterScopedAdmin):
+    list_display = ["opened_at", "root_kind", "root_node", "state", "cluster", "resolved_at"]
+    list_filter = ["state", "root_kind", "cluster"]
+    list_select_related = ["cluster"]
+    # Incidents are folded by the alert passes and acknowledged by operators, not by hand.
+    readonly_fields = [f.name for f in Incident._meta.fields]
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -7,12 +7,20 @@ from pydantic import field_validator
 from apps.access.auth import reader_auth, session_auth, user_token_auth
 from apps.access.selectors import clusters_visible
 from apps.alerts.selectors import alert_get, alert_json, alert_list
+from apps.alerts.selectors.incidents import incident_get, incident_list, incidents_json
 from apps.alerts.services import (
     AlertAlreadyAcknowledged,
     AlertResolved,
     alert_acknowledge,
     alert_acknowledge_authorize,
     alert_acknowledge_hidden,
+)
+from apps.alerts.services.incidents import (
+    IncidentAlreadyAcknowledged,
+    IncidentResolved,
+    incident_acknowledge,
+    incident_acknowledge_authorize,
+    incident_acknowledge_hidden,
 )
 from apps.clusters.models import Cluster
 from apps.core.bounds import NAME_MAX_LENGTH
@@ -39,6 +47,7 @@ class AlertOut(Schema):
     opened_at: float
     acknowledged_at: float | None
     resolved_at: float | None
+    incident: int | None = Field(description="the incident of its root cause")
 
 
 class AlertsOut(Schema):
@@ -137,3 +146,109 @@ def alert_ack(request: HttpRequest, alert_id: int, payload: AckIn):
     except (AlertResolved, AlertAlreadyAcknowledged) as error:
         raise FieldError(409, "state", str(error)) from None
     return alert_json(alert_get(alert_id=acknowledged.pk))
+
+
+class RootCauseOut(Schema):
+    kind: str
+    node: str | None
+    gpu: int | None
+    rank: int | None
+
+
+class CandidateOut(RootCauseOut):
+    alert: int | None
+
+
+class IncidentOut(Schema):
+    id: int
+    state: Literal["open", "resolved"]
+    root_cause: RootCauseOut | None = Field(description="null: unknown (see candidates)")
+    candidates: list[CandidateOut]
+    alerts: list[int]
+    opened_at: float
+    acknowledged_at: float | None
+    resolved_at: float | None
+    gpu_hours_lost: float
+
+
+class IncidentsOut(Schema):
+    incidents: list[IncidentOut]
+
+
+class IncidentsQuery(Schema):
+    state: Literal["open", "resolved"] | None = None
+    run: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
+    node: str | None = Field(default=None, max_length=NAME_MAX_LENGTH)
+    cluster: str | None = Field(
+        default=None, max_length=CLUSTER_MAX_LENGTH, description="for a logged-in user"
+    )
+
+
+def _reader_scope(request: HttpRequest, cluster_name: str | None) -> tuple[Cluster | None, Any]:
+    """(the cluster asked for, the clusters visible): an agent token reads its own cluster;
+    a user the clusters they hold a role in, or the one of them named (404 otherwise)."""
+    token = getattr(request, "agent_token", None)
+    if token is not None:
+        return Cluster(pk=token.cluster_id), None
+    visible = clusters_visible(user=request.user)
+    if cluster_name:
+        cluster = visible.filter(name=cluster_name).first()
+        if cluster is None:
+            raise FieldError(404, "cluster", "no such cluster")
+        return cluster, visible
+    return None, visible
+
+
+@router.get(
+    "/incidents",
+    auth=reader_auth,
+    response={200: IncidentsOut, 400: Errors, 401: Errors, 404: Errors},
+    summary="The cluster's incidents (alerts folded by root cause), newest first",
+)
+@replica_reads
+def incidents(request: HttpRequest, query: Query[IncidentsQuery]):
+    cluster, visible = _reader_scope(request, query.cluster)
+    found = incident_list(
+        cluster=cluster, state=query.state, run=query.run, node=query.node, visible=visible
+    )
+    return {"incidents": incidents_json(found)}
+
+
+@router.get(
+    "/incidents/{incident_id}",
+    auth=reader_auth,
+    response={200: IncidentOut, 400: Errors, 401: Errors, 404: Errors},
+    summary="One incident: its root cause, candidates, alerts and GPU-hours lost",
+)
+@replica_reads
+def incident_detail(request: HttpRequest, incident_id: int):
+    cluster, visible = _reader_scope(request, None)
+    incident = incident_get(incident_id=incident_id, visible=visible)
+    if incident is None or (cluster is not None and incident.cluster_id != cluster.pk):
+        raise FieldError(404, "incident_id", "no such incident")
+    return incidents_json([incident])[0]
+
+
+@router.post(
+    "/incidents/{incident_id}/ack",
+    auth=[user_token_auth, session_auth],  # an operator: personal token, or login + CSRF
+    response={200: IncidentOut, 400: Errors, 401: Errors, 403: Errors, 404: Errors, 409: Errors},
+    summary="Acknowledge an open incident and its firing alerts (operators of its cluster)",
+)
+def incident_ack(request: HttpRequest, incident_id: int, payload: AckIn):
+    incident = incident_get(incident_id=incident_id, visible=clusters_visible(user=request.user))
+    if incident is None:
+        incident_acknowledge_hidden(user=request.user, incident_id=incident_id, request=request)
+        raise FieldError(404, "incident_id", "no such incident")
+    allowed = incident_acknowledge_authorize(
+        user=request.user, incident=incident, note=payload.note, request=request
+    )
+    if not allowed:
+        raise FieldError(403, "", "you may not acknowledge this cluster's incidents")
+    try:
+        current = incident_acknowledge(
+            incident=incident, user=request.user, note=payload.note, request=request
+        )
+    except (IncidentResolved, IncidentAlreadyAcknowledged) as error:
+        raise FieldError(409, "state", str(error)) from None
+    return incidents_json([current])[0]

@@ -10,6 +10,18 @@ class AlertState(models.TextChoices):
 OPEN_STATES = (AlertState.FIRING, AlertState.ACKNOWLEDGED)
 
 
+class IncidentState(models.TextChoices):
+    """An incident is open while any of its alerts is; it resolves with the last of them."""
+
+    OPEN = "open"
+    RESOLVED = "resolved"
+
+
+# The audit log's action of an incident's acknowledgement (audit actions are free text: each
+# app names its own).
+INCIDENT_ACKNOWLEDGE = "incident.acknowledge"
+
+
 class AlertKind(models.TextChoices):
     """Every kind a detector raises (docs/contract.md lists them; detectors.types.Finding)."""
 

@@ -5,7 +5,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from apps.alerts.choices import AlertEvent, AlertState, Severity, WebhookFormat
+from apps.alerts.choices import AlertEvent, AlertState, IncidentState, Severity, WebhookFormat
 from apps.clusters.models import Cluster, Node
 from apps.runs.models import Run
 from detectors.config import DEFAULT_CONFIG
@@ -42,6 +42,10 @@ class Alert(models.Model):
     )
     ack_note = models.TextField(blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
+    # the incident of its root cause (apps.alerts.services.incidents; None until folded)
+    incident = models.ForeignKey(
+        "Incident", on_delete=models.SET_NULL, null=True, blank=True, related_name="alerts"
+    )
 
     class Meta:
         constraints = [
@@ -55,6 +59,46 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.subject} ({self.state})"
+
+
+class Incident(models.Model):
+    """The alerts of one root cause (detectors.incidents' causal graph): open while any of
+    them is, resolved with the last. The root is the cause's kind and place, or unknown
+    (`root_kind` empty) with the `candidates`; an incident keeps its id and alerts across
+    passes, gaining the symptoms that join it."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="incidents")
+    state = models.CharField(
+        max_length=16, choices=IncidentState.choices, default=IncidentState.OPEN
+    )
+    root_kind = models.CharField(max_length=32, blank=True, help_text="empty: unknown")
+    root_node = models.CharField(max_length=255, blank=True)
+    root_gpu = models.IntegerField(null=True, blank=True)
+    root_rank = models.IntegerField(null=True, blank=True)
+    # the root's alert id: a plain number, kept when retention deletes the alert (by SQL)
+    root_alert = models.BigIntegerField(null=True, blank=True)
+    # [{"kind", "node", "gpu", "rank", "alert"}]: the alerts nothing else in it explains
+    candidates = models.JSONField(default=list, blank=True)
+    opened_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    ack_note = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["cluster", "-opened_at"], name="incident_cluster_opened"),
+            models.Index(fields=["cluster", "state"], name="incident_cluster_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"incident {self.pk}: {self.root_kind or 'unknown'} ({self.state})"
 
 
 def new_signing_secret() -> str:

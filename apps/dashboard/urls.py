@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.dashboard.views import alerts, fleet, node, overview, report, run
+from apps.dashboard.views import alerts, fleet, incidents, node, overview, report, run
 
 RUN = "clusters/<str:cluster>/runs/<str:run>/"
 NODE = "clusters/<str:cluster>/nodes/<str:node>/"
@@ -10,6 +10,8 @@ urlpatterns = [
     path("alerts/", alerts.alerts_page, name="alerts"),
     path("alerts/<int:alert_id>/ack", alerts.alert_ack, name="alert-ack"),
     path("alerts/<int:alert_id>/", alerts.alert_detail, name="alert-detail"),
+    path("incidents/<int:incident_id>/ack", incidents.incident_ack, name="incident-ack"),
+    path("incidents/<int:incident_id>/", incidents.incident_detail, name="incident-detail"),
     path("fleet/", fleet.fleet_page, name="fleet"),
     path("fleet/ledger.json", fleet.fleet_page, {"fmt": "json"}, name="fleet-json"),
     path("fleet/ledger.csv", fleet.fleet_page, {"fmt": "csv"}, name="fleet-csv"),

@@ -26,6 +26,7 @@ CONTRACT_KEYS = {
     "opened_at",
     "acknowledged_at",
     "resolved_at",
+    "incident",
 }
 
 
@@ -85,7 +86,9 @@ def test_it_lists_the_clusters_alerts_newest_first_in_the_contract_shape(alerts,
         "opened_at": T0 + 10,
         "acknowledged_at": None,
         "resolved_at": None,
+        "incident": alerts["xid"].incident_id,
     }
+    assert alerts["xid"].incident_id is not None  # a lone alert is an incident of one
     assert body["alerts"][0]["state"] == "resolved"
     assert body["alerts"][0]["resolved_at"] == T0 + 20
 

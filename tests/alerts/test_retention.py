@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from apps.alerts.models import Alert, WebhookDelivery, WebhookEndpoint
+from apps.alerts.models import Alert, Incident, WebhookDelivery, WebhookEndpoint
 from apps.alerts.tasks import prune
 from apps.clusters.models import Cluster
 
@@ -51,6 +51,9 @@ def test_it_deletes_old_resolved_alerts_with_their_deliveries_and_old_deliveries
         delivery(hook, firing, created=NOW - 2 * DAY, delivered=False),  # may still be retried
         delivery(hook, resolved_young, created=NOW - 29 * DAY),
     ]
+    # an incident goes with its last alert; one whose alert stays, stays
+    emptied = incident(cluster, resolved_old, root=True)
+    still = incident(cluster, resolved_young)
 
     result = prune()
     with connection.cursor() as cursor:  # the deferred foreign keys hold (as at a commit)
@@ -61,7 +64,18 @@ def test_it_deletes_old_resolved_alerts_with_their_deliveries_and_old_deliveries
     deliveries = set(WebhookDelivery.objects.values_list("pk", flat=True))
     assert deliveries & set(gone) == set()
     assert deliveries >= set(kept)
-    assert result == {"alerts": 1, "deliveries": 2}
+    assert result == {"alerts": 1, "incidents": 1, "deliveries": 2}
+    assert set(Incident.objects.values_list("pk", flat=True)) == {still.pk}
+    assert not Incident.objects.filter(pk=emptied.pk).exists()
+
+
+def incident(cluster: Cluster, of: Alert, *, root: bool = False) -> Incident:
+    made = Incident.objects.create(
+        cluster=cluster, state="resolved", opened_at=of.opened_at, resolved_at=of.resolved_at,
+        root_kind=of.kind, root_alert=of.pk if root else None,
+    )  # fmt: skip
+    Alert.objects.filter(pk=of.pk).update(incident=made)
+    return made
 
 
 def test_zero_keeps_them_forever(settings):
@@ -72,6 +86,6 @@ def test_zero_keeps_them_forever(settings):
     old = NOW - 900 * DAY
     resolved = alert(cluster, "a", "resolved", opened=old, resolved=old)
     kept = delivery(hook, resolved, created=old)
-    assert prune() == {"alerts": 0, "deliveries": 0}
+    assert prune() == {"alerts": 0, "incidents": 0, "deliveries": 0}
     assert Alert.objects.filter(pk=resolved.pk).exists()
     assert WebhookDelivery.objects.filter(pk=kept).exists()

@@ -88,7 +88,8 @@ def seeded() -> dict[str, object]:
     ]  # fmt: skip
     off_thread(lambda: alerts_sync(cluster=cluster, findings=findings, now=time.time()))
     alert = Alert.objects.get(kind="straggler")
-    return {**PAGE_ARGS, "cluster": cluster.name, "alert_id": alert.id}
+    values = {"cluster": cluster.name, "alert_id": alert.id, "incident_id": alert.incident_id}
+    return {**PAGE_ARGS, **values}
 
 
 def blocking_violations(page) -> list[str]:

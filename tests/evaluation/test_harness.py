@@ -63,6 +63,9 @@ def test_the_command_prints_the_table(live_stack, live_db, tmp_path):
     printed = out.getvalue()
     assert "### Simulated faults, noise CV 30 %, spikes on: recall 1/1" in printed
     assert "| xid | 1 | 1/1 | 1/1 | 0 | 0 | 0 s | 0 s |" in printed
+    # the XID's alerts fold into one incident rooted at the XID, nothing folded wrongly
+    assert "#### Incidents, noise CV 30 %: one per fault" in printed
+    assert "| xid | 1 | 1/1 | 0 |" in printed
 
     # The stored scenario judged again from scratch (as after a detector change): the same
     # table, and its alert was replaced, not added to.

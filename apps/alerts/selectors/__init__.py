@@ -39,6 +39,7 @@ def alert_json(alert: Alert) -> dict[str, Any]:
         "opened_at": ts(alert.opened_at),
         "acknowledged_at": ts(alert.acknowledged_at),
         "resolved_at": ts(alert.resolved_at),
+        "incident": alert.incident_id,
     }
 
 

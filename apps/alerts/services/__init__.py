@@ -42,6 +42,7 @@ from apps.alerts.selectors import (
 )
 from apps.alerts.selectors.kept import kept_window
 from apps.alerts.services.announce import alerts_announce
+from apps.alerts.services.incidents import incidents_fold
 from apps.alerts.services.periodic import pass_lock, periodic_skip_count
 from apps.alerts.services.retention import AlertsPruned, alerts_prune
 from apps.alerts.services.webhooks import (  # re-exported: the services' one entry point
@@ -145,6 +146,7 @@ def alerts_sync(*, cluster: Cluster, findings: Iterable[Finding], now: float) ->
             (alert.kind, alert.subject): alert
             for alert in Alert.objects.filter(cluster=cluster, state__in=OPEN_STATES)
         }
+        unfolded = any(alert.incident_id is None for alert in open_alerts.values())
         updates: list[tuple[int, str, str, str]] = []
         for key, finding in latest.items():
             alert = open_alerts.pop(key, None)
@@ -191,7 +193,11 @@ def alerts_sync(*, cluster: Cluster, findings: Iterable[Finding], now: float) ->
         for pk in _open_alerts_resolve(due, at=at):
             result.resolved.append(pk)
             changes.append((pk, AlertEvent.RESOLVED))
-        alerts_announce(cluster=cluster, changes=changes)
+        # only an alert opening or resolving moves incidents (services/incidents.py), or one
+        # open from before incidents were folded
+        moved = result.opened or result.resolved or unfolded
+        folded = incidents_fold(cluster=cluster, at=at) if moved else None
+        alerts_announce(cluster=cluster, changes=changes, incidents=folded)
     return result
 
 

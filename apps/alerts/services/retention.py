@@ -30,14 +30,23 @@ DELETE FROM alerts_alert a USING doomed WHERE a.id = doomed.id
 """
 
 
+# An incident goes with its last alert: resolved past the retention, none of its alerts left.
+INCIDENTS_EXPIRED = (
+    "state = 'resolved' AND resolved_at < %(cutoff)s AND NOT EXISTS"
+    " (SELECT 1 FROM alerts_alert a WHERE a.incident_id = alerts_incident.id)"
+)
+
+
 @dataclass
 class AlertsPruned:
     alerts: int = 0
+    incidents: int = 0
     deliveries: int = 0  # by their own age (those of deleted alerts are not counted)
 
 
 def alerts_prune(*, now: datetime) -> AlertsPruned:
-    """Delete resolved alerts past ALERTS_RETENTION_DAYS with their deliveries, then
+    """Delete resolved alerts past ALERTS_RETENTION_DAYS with their deliveries (and the
+    resolved incidents they leave empty), then
     deliveries past WEBHOOK_DELIVERIES_RETENTION_DAYS (0: kept forever), in bounded batches."""
     result = AlertsPruned()
     if days := settings.ALERTS_RETENTION_DAYS:
@@ -45,6 +54,11 @@ def alerts_prune(*, now: datetime) -> AlertsPruned:
             sql=RESOLVED_SQL,
             params={"cutoff": now - timedelta(days=days)},
             what="resolved alerts",
+        )
+        result.incidents = expired_delete(
+            table="alerts_incident",
+            expired=INCIDENTS_EXPIRED,
+            params={"cutoff": now - timedelta(days=days)},
         )
     if days := settings.WEBHOOK_DELIVERIES_RETENTION_DAYS:
         result.deliveries = expired_delete(

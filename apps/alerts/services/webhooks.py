@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 from django.conf import settings
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.urls import reverse
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
@@ -49,11 +49,23 @@ def webhooks_sweep(*, now: float) -> int:
     return len(ids)
 
 
-def webhook_body(*, fmt: str, event: str, cluster: str, alert: Mapping[str, Any]) -> dict | list:
+def webhook_body(
+    *,
+    fmt: str,
+    event: str,
+    cluster: str,
+    alert: Mapping[str, Any],
+    incident: Mapping[str, Any] | None = None,
+) -> dict | list:
     """The body posted to an endpoint: the contract's alert object with the event name, for
-    Slack-compatible endpoints a {"text": ...} message, for an Alertmanager its alert list."""
+    Slack-compatible endpoints a {"text": ...} message, for an Alertmanager its alert list.
+    `incident` (the contract's incident object and `folded`, its alerts in words) is what an
+    incident's notification names: its root cause and what it folded."""
     if fmt == WebhookFormat.ALERTMANAGER:
-        return [alertmanager_alert(cluster=cluster, alert=alert)]
+        body = alertmanager_alert(cluster=cluster, alert=alert)
+        if incident is not None:
+            body["annotations"]["folded"] = folded_text(incident)
+        return [body]
     if fmt == WebhookFormat.SLACK:
         where = ", ".join(
             f"{name} {alert[name]}"
@@ -64,9 +76,24 @@ def webhook_body(*, fmt: str, event: str, cluster: str, alert: Mapping[str, Any]
             f"[{alert['severity']}] {alert['kind']} {event} on cluster {cluster}"
             f"{f' ({where})' if where else ''}: {alert['summary']}"
         )
+        if incident is not None and len(incident["folded"]) > 1:
+            text += f". Incident {incident['id']}: {folded_text(incident)}"
         # Names and summaries come from agents: `<!channel>` in a node name must not ping.
         return {"text": slack_escape(text)}
-    return {"event": event, "cluster": cluster, "alert": dict(alert)}
+    return {"event": event, "cluster": cluster, "alert": dict(alert), "incident": incident}
+
+
+def folded_text(incident: Mapping[str, Any]) -> str:
+    """The incident's root cause and the alerts it folded, in one line."""
+    root = incident["root_cause"]
+    if root is None:
+        kinds = ", ".join(c["kind"] for c in incident["candidates"])
+        cause = f"root cause unknown (candidates: {kinds})"
+    else:
+        where = ", ".join(f"{k} {root[k]}" for k in ("node", "gpu", "rank") if root[k] is not None)
+        cause = f"root cause {root['kind']}{f' ({where})' if where else ''}"
+    folded = "; ".join(f"{a['kind']} #{a['id']}" for a in incident["folded"])
+    return f"{cause}; folds {len(incident['folded'])} alerts: {folded}"
 
 
 def alertmanager_alert(*, cluster: str, alert: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,6 +113,8 @@ def alertmanager_alert(*, cluster: str, alert: Mapping[str, Any]) -> dict[str, A
     for name in ("node", "run", "rank", "gpu"):
         if alert[name] is not None:
             labels[name] = str(alert[name])
+    if alert.get("incident") is not None:  # the same on the first post and every resend
+        labels["opsboard_incident"] = str(alert["incident"])
     url = settings.OPSBOARD_URL.rstrip("/") + reverse("alert-detail", args=[alert["id"]])
     body: dict[str, Any] = {
         "labels": labels,
@@ -111,9 +140,12 @@ def alertmanager_resend(*, limit: int = 1000) -> int:
         active=True, format=WebhookFormat.ALERTMANAGER
     ).select_related("cluster")
     for endpoint in endpoints:
+        # an incident pages once, by its lead (first) alert: its symptoms stay out
+        folded = Alert.objects.filter(incident_id=OuterRef("incident_id"), pk__lt=OuterRef("pk"))
         firing = (
             Alert.objects.select_related("run", "node")
             .filter(cluster=endpoint.cluster, resolved_at__isnull=True)
+            .exclude(Exists(folded))
             .order_by("pk")[:limit]
         )
         body = [

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from apps.alerts.models import Alert
+from apps.alerts.models import Alert, Incident
 from apps.clusters.models import Cluster
 from apps.evaluation.services.ddp import DDP_COMPUTE, DDP_JOBS, DDP_STEP_S, DdpJob, ddp_scenario
 from apps.evaluation.services.ddp import ddp_train as ddp_train
@@ -39,11 +39,13 @@ from apps.evaluation.services.stack import (
     EvaluationStack,
     alert_records,
     cluster_prepare,
+    incident_records,
     run_records,
     scenario_replay,
     wait_for_drain,
 )
 from detectors.evaluation import ScenarioScore, score_scenario
+from detectors.incident_evaluation import FoldingScore, score_folding
 
 CLUSTERS_FILE = "clusters.json"
 
@@ -70,6 +72,7 @@ class ScenarioResult:
     score: ScenarioScore
     evaluations: int
     replay_s: float
+    folding: FoldingScore | None = None  # how its incidents folded its faults
 
 
 def evaluation_run(
@@ -120,6 +123,7 @@ def evaluation_replay(
     every = [*specs, *(job.spec for job in ddp)]
     clusters = {spec.name: Cluster.objects.get(name=names[spec.name]) for spec in every}
     Alert.objects.filter(cluster__in=clusters.values()).delete()
+    Incident.objects.filter(cluster__in=clusters.values()).delete()
     return _replay_all(specs, ddp, clusters, workdir, log)
 
 
@@ -142,8 +146,11 @@ def _replay_all(
         evaluations = scenario_replay(cluster=cluster, scenario=scenario, step_s=step_s)
         runs = run_records(cluster=cluster, now=scenario["end_ts"])
         score = score_scenario(scenario, alert_records(cluster=cluster), runs)
+        folding = score_folding(scenario, incident_records(cluster=cluster))
         replay_s = time.monotonic() - started
-        results.append(ScenarioResult(spec, cluster.name, scenario, score, evaluations, replay_s))
+        results.append(
+            ScenarioResult(spec, cluster.name, scenario, score, evaluations, replay_s, folding)
+        )
         log(f"replayed {spec.name}: {evaluations} evaluations in {replay_s:.1f} s")
     return results
 

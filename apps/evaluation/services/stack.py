@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.alerts.models import Alert, ClusterDetectorConfig
+from apps.alerts.models import Alert, ClusterDetectorConfig, Incident
 from apps.alerts.services import alerts_evaluate
 from apps.clusters.models import Cluster
 from apps.clusters.services import token_issue
@@ -23,6 +23,7 @@ from apps.ingest.models import InboxBatch
 from apps.runs.models import Run
 from apps.runs.selectors import run_goodput
 from detectors.evaluation import AlertRecord, RunRecord
+from detectors.incident_evaluation import IncidentRecord
 from launcher.commands import server_commands
 from launcher.procs import ROOT, children_stop, free_port, wait_for_http
 from launcher.stack import service_env
@@ -41,18 +42,42 @@ def scenario_replay(*, cluster: Cluster, scenario: dict[str, Any], step_s: float
 
 def alert_records(*, cluster: Cluster) -> list[AlertRecord]:
     alerts = Alert.objects.filter(cluster=cluster).select_related("run", "node")
+    return [_record(alert) for alert in alerts.order_by("opened_at", "id")]
+
+
+def _record(alert: Alert) -> AlertRecord:
+    return AlertRecord(
+        kind=alert.kind,
+        subject=alert.subject,
+        opened_at=alert.opened_at.timestamp(),
+        run=alert.run.name if alert.run_id else None,
+        node=alert.node.name if alert.node_id else None,
+        rank=alert.rank,
+        gpu=alert.gpu,
+        evidence=alert.evidence or {},
+    )
+
+
+def incident_records(*, cluster: Cluster) -> list[IncidentRecord]:
+    """The cluster's incidents with their alerts (as `alert_records` has them), for the
+    folding score."""
+    by_incident: dict[int, list[AlertRecord]] = {}
+    runs: dict[int, str | None] = {}
+    alerts = Alert.objects.filter(cluster=cluster, incident__isnull=False)
+    for alert in alerts.select_related("run", "node").order_by("opened_at", "id"):
+        by_incident.setdefault(alert.incident_id, []).append(_record(alert))
+        runs.setdefault(alert.incident_id, alert.run.name if alert.run_id else None)
     return [
-        AlertRecord(
-            kind=alert.kind,
-            subject=alert.subject,
-            opened_at=alert.opened_at.timestamp(),
-            run=alert.run.name if alert.run_id else None,
-            node=alert.node.name if alert.node_id else None,
-            rank=alert.rank,
-            gpu=alert.gpu,
-            evidence=alert.evidence or {},
+        IncidentRecord(
+            opened_at=incident.opened_at.timestamp(),
+            root_kind=incident.root_kind or None,
+            alerts=tuple(by_incident.get(incident.pk, ())),
+            root_node=incident.root_node or None,
+            root_gpu=incident.root_gpu,
+            root_rank=incident.root_rank,
+            run=runs.get(incident.pk),
         )
-        for alert in alerts.order_by("opened_at", "id")
+        for incident in Incident.objects.filter(cluster=cluster).order_by("opened_at", "id")
     ]
 
 

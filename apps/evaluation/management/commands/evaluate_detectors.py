@@ -17,6 +17,7 @@ from apps.evaluation.services import (
 )
 from apps.evaluation.services.scenarios import CLEAN_STEP_S
 from detectors.evaluation import format_sensitivity, format_table, summarize
+from detectors.incident_evaluation import format_folding, summarize_folding
 
 
 def level_title(cv: float) -> str:
@@ -124,6 +125,9 @@ class Command(BaseCommand):
                 f"{len(faults)}, median time to detect {median}\n"
             )
             self.stdout.write(format_table(summarize([r.score for r in level])))
+            self.stdout.write(f"\n#### Incidents, noise {level_title(cv)}: one per fault\n")
+            folding = [r.folding for r in level if r.folding is not None]
+            self.stdout.write(format_folding(summarize_folding(folding)))
         ddp = [r for r in results if r.spec.group == "ddp"]
         if ddp:
             self.stdout.write("\n### examples/ddp_train.py under torchrun (4 gloo CPU ranks)\n")
