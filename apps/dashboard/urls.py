@@ -9,6 +9,7 @@ urlpatterns = [
     path("", overview.home, name="home"),
     path("alerts/", alerts.alerts_page, name="alerts"),
     path("alerts/<int:alert_id>/ack", alerts.alert_ack, name="alert-ack"),
+    path("alerts/<int:alert_id>/silence", alerts.alert_silence_form, name="alert-silence"),
     path("alerts/<int:alert_id>/", alerts.alert_detail, name="alert-detail"),
     path("fleet/", fleet.fleet_page, name="fleet"),
     path("fleet/ledger.json", fleet.fleet_page, {"fmt": "json"}, name="fleet-json"),

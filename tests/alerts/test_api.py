@@ -26,6 +26,10 @@ CONTRACT_KEYS = {
     "opened_at",
     "acknowledged_at",
     "resolved_at",
+    # amber that ages (docs/contract.md: an extension)
+    "aged_at",
+    "silenced_until",
+    "silence_reason",
 }
 
 
@@ -85,6 +89,9 @@ def test_it_lists_the_clusters_alerts_newest_first_in_the_contract_shape(alerts,
         "opened_at": T0 + 10,
         "acknowledged_at": None,
         "resolved_at": None,
+        "aged_at": None,
+        "silenced_until": None,
+        "silence_reason": "",
     }
     assert body["alerts"][0]["state"] == "resolved"
     assert body["alerts"][0]["resolved_at"] == T0 + 20

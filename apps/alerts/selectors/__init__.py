@@ -39,6 +39,11 @@ def alert_json(alert: Alert) -> dict[str, Any]:
         "opened_at": ts(alert.opened_at),
         "acknowledged_at": ts(alert.acknowledged_at),
         "resolved_at": ts(alert.resolved_at),
+        # an extension (amber that ages): when an unacknowledged warning escalated for its
+        # age, and an operator's silence of it
+        "aged_at": ts(alert.aged_at),
+        "silenced_until": ts(alert.silenced_until),
+        "silence_reason": alert.silence_reason,
     }
 
 
