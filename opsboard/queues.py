@@ -42,6 +42,7 @@ CELERY_TASK_ROUTES = {
         "runs.events_prune",
         "alerts.prune",
         "alerts.alertmanager_resend",
+        "alerts.age",
         "commands.prune",
         "access.logins_prune",
         "commands.sweep",

@@ -43,6 +43,11 @@ ALERT_WEBHOOK_TIMEOUT_S = envfloat("ALERT_WEBHOOK_TIMEOUT_S", 5.0)
 # resolve_timeout (5 min by default), after which it would resolve them itself.
 ALERTMANAGER_RESEND_S = envfloat("ALERTMANAGER_RESEND_S", 60.0)
 beat_schedule["alertmanager-resend"] = periodic("alerts.alertmanager_resend", ALERTMANAGER_RESEND_S)
+# Amber that ages (apps.alerts.services.ageing): a warning left unacknowledged past its
+# cluster's `warning_age_min` (default ALERT_WARNING_AGE_MIN; 0: never) escalates once.
+ALERT_WARNING_AGE_MIN = envint("ALERT_WARNING_AGE_MIN", 30)
+ALERT_AGEING_INTERVAL = envfloat("ALERT_AGEING_INTERVAL", 60.0)
+beat_schedule["alerts-age"] = periodic("alerts.age", ALERT_AGEING_INTERVAL)
 # Opsboard's address as people reach it: the links in notifications (Alertmanager's
 # runbook_url / opsboard_url annotations) point there.
 OPSBOARD_URL = env("OPSBOARD_URL", "http://127.0.0.1:8000")

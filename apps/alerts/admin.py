@@ -83,4 +83,4 @@ def _secret_show(request, endpoint: WebhookEndpoint) -> None:
 
 @admin.register(ClusterDetectorConfig)
 class ClusterDetectorConfigAdmin(ClusterScopedAdmin):
-    list_display = ["cluster", "paused", "overrides"]
+    list_display = ["cluster", "paused", "warning_age_min", "overrides"]

@@ -6,15 +6,20 @@ from pydantic import field_validator
 
 from apps.access.auth import reader_auth, session_auth, user_token_auth
 from apps.access.selectors import clusters_visible
+from apps.access.services import attempt_hidden_record
 from apps.alerts.selectors import alert_get, alert_json, alert_list
 from apps.alerts.selectors.incidents import incident_get, incident_list, incidents_json
 from apps.alerts.services import (
     AlertAlreadyAcknowledged,
+    AlertNotFiring,
     AlertResolved,
     alert_acknowledge,
     alert_acknowledge_authorize,
     alert_acknowledge_hidden,
+    alert_silence,
+    alert_silence_authorize,
 )
+from apps.alerts.services.ageing import SILENCE_MAX_MIN
 from apps.alerts.services.incidents import (
     IncidentAlreadyAcknowledged,
     IncidentResolved,
@@ -22,6 +27,7 @@ from apps.alerts.services.incidents import (
     incident_acknowledge_authorize,
     incident_acknowledge_hidden,
 )
+from apps.audit.choices import AuditAction
 from apps.clusters.models import Cluster
 from apps.core.bounds import NAME_MAX_LENGTH
 from apps.core.db_router import replica_reads
@@ -48,6 +54,12 @@ class AlertOut(Schema):
     acknowledged_at: float | None
     resolved_at: float | None
     incident: int | None = Field(description="the incident of its root cause")
+    aged_at: float | None = Field(
+        description="when this warning, left unacknowledged past its cluster's "
+        "warning_age_min, escalated as ageing (once); null if it did not"
+    )
+    silenced_until: float | None = Field(description="an operator's silence of it ends then")
+    silence_reason: str
 
 
 class AlertsOut(Schema):
@@ -252,3 +264,46 @@ def incident_ack(request: HttpRequest, incident_id: int, payload: AckIn):
     except (IncidentResolved, IncidentAlreadyAcknowledged) as error:
         raise FieldError(409, "state", str(error)) from None
     return incidents_json([current])[0]
+
+
+class SilenceIn(Schema):
+    minutes: int = Field(ge=1, le=SILENCE_MAX_MIN, description="how long, a week at most")
+    # stored in a text column: no NUL; a silence says why
+    reason: str = Field(min_length=1, max_length=2000)
+
+    @field_validator("reason")
+    @classmethod
+    def stated(cls, reason: str) -> str:
+        if "\x00" in reason:
+            raise ValueError(NUL_MESSAGE)
+        if not reason.strip():
+            raise ValueError("say why it is silenced")
+        return reason
+
+
+@router.post(
+    "/alerts/{alert_id}/silence",
+    auth=[user_token_auth, session_auth],  # an operator: personal token, or login + CSRF
+    response={200: AlertOut, 400: Errors, 401: Errors, 403: Errors, 404: Errors, 409: Errors},
+    summary="Silence a firing alert for a stated time, with a reason: it does not age",
+)
+def alert_silence_post(request: HttpRequest, alert_id: int, payload: SilenceIn):
+    alert = alert_get(alert_id=alert_id, visible=clusters_visible(user=request.user))
+    if alert is None:
+        attempt_hidden_record(
+            user=request.user, action=AuditAction.ALERT_SILENCE, target=f"alert:{alert_id}",
+            clusters=Cluster.objects.filter(alerts__pk=alert_id), request=request,
+        )  # fmt: skip
+        raise FieldError(404, "alert_id", "no such alert")
+    if not alert_silence_authorize(
+        user=request.user, alert=alert, reason=payload.reason, request=request
+    ):
+        raise FieldError(403, "", "you may not silence this cluster's alerts")
+    try:
+        silenced = alert_silence(
+            alert=alert, user=request.user, minutes=payload.minutes, reason=payload.reason,
+            request=request,
+        )  # fmt: skip
+    except AlertNotFiring as error:
+        raise FieldError(409, "state", str(error)) from None
+    return alert_json(alert_get(alert_id=silenced.pk))

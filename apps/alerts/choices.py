@@ -56,10 +56,13 @@ class AlertEvent(models.TextChoices):
     ESCALATED = "escalated"
     ACKNOWLEDGED = "acknowledged"
     RESOLVED = "resolved"
+    # a warning left unacknowledged past its cluster's warning_age_min: notified once more
+    AGEING = "ageing"
+    SILENCED = "silenced"
 
 
-# Events that are sent to webhooks (an acknowledgement is an operator's own action).
-WEBHOOK_EVENTS = (AlertEvent.OPENED, AlertEvent.ESCALATED, AlertEvent.RESOLVED)
+# Events that are sent to webhooks (an acknowledgement or a silence is an operator's own act).
+WEBHOOK_EVENTS = (AlertEvent.OPENED, AlertEvent.ESCALATED, AlertEvent.RESOLVED, AlertEvent.AGEING)
 
 
 class WebhookFormat(models.TextChoices):

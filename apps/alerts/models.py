@@ -46,6 +46,14 @@ class Alert(models.Model):
     incident = models.ForeignKey(
         "Incident", on_delete=models.SET_NULL, null=True, blank=True, related_name="alerts"
     )
+    # Amber that ages (services.ageing): when an unacknowledged warning escalated for its age
+    # (once), and an operator's silence of it (until when, why, who).
+    aged_at = models.DateTimeField(null=True, blank=True)
+    silenced_until = models.DateTimeField(null=True, blank=True)
+    silence_reason = models.TextField(blank=True, default="")
+    silenced_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
 
     class Meta:
         constraints = [
@@ -158,6 +166,12 @@ class ClusterDetectorConfig(models.Model):
     # (evaluate_detectors drives its alerts from historical times; beat's "now" would clash).
     paused = models.BooleanField(
         default=False, help_text="continuous detector evaluation is paused for this cluster"
+    )
+    warning_age_min = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="minutes a warning may stay unacknowledged before it escalates once as "
+        "ageing (0: never; empty: ALERT_WARNING_AGE_MIN, 30 unless set)",
     )
 
     def __str__(self) -> str:

@@ -45,3 +45,9 @@ def webhook_deliver(delivery_id: int) -> bool:
 @shared_task(name="alerts.alertmanager_resend", ignore_result=True)
 def alertmanager_resend() -> int:
     return services.alertmanager_resend()
+
+
+@shared_task(name="alerts.age", ignore_result=True)
+def age() -> int:
+    """Beat's tick (ALERT_AGEING_INTERVAL): warnings past their cluster's age escalate once."""
+    return services.alerts_age()

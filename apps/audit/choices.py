@@ -27,6 +27,7 @@ class AuditAction:
     AGENT_TOKEN_ISSUE = "agent_token.issue"
     AGENT_TOKEN_REVOKE = "agent_token.revoke"
     ALERT_ACKNOWLEDGE = "alert.acknowledge"
+    ALERT_SILENCE = "alert.silence"
     AUDIT_PRUNE = "audit.prune"  # entries past AUDIT_RETENTION_DAYS deleted (`audit_prune`)
     COMMAND_ACK = "command.ack"
     COMMAND_EXPIRE = "command.expire"

@@ -180,11 +180,16 @@
       if (n.down_by === "scheduler") schedulerDown++;
     });
     tileCounts.forEach((c) => { gpus += c.gpus; ok += c.ok; });
-    alerts.forEach((a) => { if (a.state === "firing") firing++; });
+    let unacknowledged = 0;
+    alerts.forEach((a) => {
+      if (a.state === "firing") firing++;
+      if (a.state === "firing" && a.severity === "warning") unacknowledged++;
+    });
     count("count-cordoned", cordoned); count("count-draining", draining);
     count("count-maintenance", maintenance);
     count("count-scheduler-down", schedulerDown); count("count-gpus", gpus);
     count("count-healthy", ok); count("count-firing", firing);
+    count("count-unacknowledged", unacknowledged);
   }
 
   // a block's page (?block=) follows its own nodes only, not the cluster's others; a node's

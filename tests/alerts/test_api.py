@@ -27,6 +27,10 @@ CONTRACT_KEYS = {
     "acknowledged_at",
     "resolved_at",
     "incident",
+    # amber that ages (docs/contract.md: an extension)
+    "aged_at",
+    "silenced_until",
+    "silence_reason",
 }
 
 
@@ -87,6 +91,9 @@ def test_it_lists_the_clusters_alerts_newest_first_in_the_contract_shape(alerts,
         "acknowledged_at": None,
         "resolved_at": None,
         "incident": alerts["xid"].incident_id,
+        "aged_at": None,
+        "silenced_until": None,
+        "silence_reason": "",
     }
     assert alerts["xid"].incident_id is not None  # a lone alert is an incident of one
     assert body["alerts"][0]["state"] == "resolved"

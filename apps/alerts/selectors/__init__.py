@@ -40,6 +40,11 @@ def alert_json(alert: Alert) -> dict[str, Any]:
         "acknowledged_at": ts(alert.acknowledged_at),
         "resolved_at": ts(alert.resolved_at),
         "incident": alert.incident_id,
+        # an extension (amber that ages): when an unacknowledged warning escalated for its
+        # age, and an operator's silence of it
+        "aged_at": ts(alert.aged_at),
+        "silenced_until": ts(alert.silenced_until),
+        "silence_reason": alert.silence_reason,
     }
 
 

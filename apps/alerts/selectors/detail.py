@@ -10,7 +10,7 @@ from typing import Any
 
 from apps.alerts.choices import AlertEvent, AlertKind, AlertState
 from apps.alerts.models import Alert
-from apps.audit.choices import Outcome
+from apps.audit.choices import AuditAction, Outcome
 from apps.audit.models import AuditEntry
 from apps.runs.selectors import step_reports
 from detectors.common import rel_diff
@@ -27,9 +27,9 @@ def alert_audit_target(alert: Alert) -> str:
 
 
 def alert_timeline(*, alert: Alert) -> list[dict[str, Any]]:
-    """The alert's state changes oldest first: opened, every acknowledgement attempt of the
-    audit log (who, the note, refused ones too), resolved. {"at", "event", "actor", "note",
-    "outcome"}. One query (the audit entries)."""
+    """The alert's state changes oldest first: opened, every acknowledgement and silence
+    attempt of the audit log (who, the note or reason, refused ones too), ageing, resolved.
+    {"at", "event", "actor", "note", "outcome"}. One query (the audit entries)."""
     entries = AuditEntry.objects.filter(
         cluster_id=alert.cluster_id, target=alert_audit_target(alert)
     ).order_by("at", "id")[:TIMELINE_AUDIT_MAX]
@@ -37,8 +37,11 @@ def alert_timeline(*, alert: Alert) -> list[dict[str, Any]]:
     acknowledged_in_log = False
     for entry in entries:
         succeeded = entry.outcome == Outcome.SUCCEEDED
-        acknowledged_in_log |= succeeded
-        event = AlertEvent.ACKNOWLEDGED if succeeded else f"acknowledgement {entry.outcome}"
+        if entry.action == AuditAction.ALERT_SILENCE:
+            event = AlertEvent.SILENCED if succeeded else f"silence {entry.outcome}"
+        else:
+            acknowledged_in_log |= succeeded
+            event = AlertEvent.ACKNOWLEDGED if succeeded else f"acknowledgement {entry.outcome}"
         events.append(
             _event(
                 entry.at, event, actor=entry.actor_name, note=entry.reason, outcome=entry.outcome
@@ -47,6 +50,8 @@ def alert_timeline(*, alert: Alert) -> list[dict[str, Any]]:
     if alert.acknowledged_at and not acknowledged_in_log:
         by = alert.acknowledged_by.get_username() if alert.acknowledged_by else ""
         events.append(_event(alert.acknowledged_at, AlertEvent.ACKNOWLEDGED, by, alert.ack_note))
+    if alert.aged_at:  # unacknowledged past its cluster's warning_age_min
+        events.append(_event(alert.aged_at, AlertEvent.AGEING))
     if alert.resolved_at:
         events.append(_event(alert.resolved_at, AlertEvent.RESOLVED))
     return sorted(events, key=lambda e: e["at"])

@@ -41,6 +41,12 @@ from apps.alerts.selectors import (
     detector_config,
 )
 from apps.alerts.selectors.kept import kept_window
+from apps.alerts.services.ageing import (
+    AlertNotFiring,
+    alert_silence,
+    alert_silence_authorize,
+    alerts_age,
+)
 from apps.alerts.services.announce import alerts_announce
 from apps.alerts.services.incidents import incidents_fold
 from apps.alerts.services.periodic import pass_lock, periodic_skip_count
@@ -64,6 +70,10 @@ from apps.runs.models import Run
 from detectors.types import Finding
 
 __all__ = [
+    "AlertNotFiring",
+    "alert_silence",
+    "alert_silence_authorize",
+    "alerts_age",
     "AlertsPruned",
     "PERIODIC_SKIPS_KEY",
     "WEBHOOK_DELIVER_TASK",

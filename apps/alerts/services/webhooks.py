@@ -124,6 +124,8 @@ def alertmanager_alert(*, cluster: str, alert: Mapping[str, Any]) -> dict[str, A
     }
     if alert["resolved_at"] is not None:
         body["endsAt"] = _rfc3339(alert["resolved_at"])
+    if alert.get("aged_at") is not None:  # amber that aged: unacknowledged past the limit
+        body["annotations"]["opsboard_ageing"] = _rfc3339(alert["aged_at"])
     return body
 
 

@@ -24,11 +24,15 @@ from apps.alerts.selectors import alert_get
 from apps.alerts.selectors.detail import alert_duration, alert_timeline, sdc_checksums
 from apps.alerts.services import (
     AlertAlreadyAcknowledged,
+    AlertNotFiring,
     AlertResolved,
     alert_acknowledge,
     alert_acknowledge_authorize,
     alert_acknowledge_hidden,
+    alert_silence,
+    alert_silence_authorize,
 )
+from apps.alerts.services.ageing import SILENCE_MAX_MIN
 from apps.core.db_router import replica_reads
 from apps.dashboard.charts import alert as alert_charts
 from apps.dashboard.charts.alert import AlertWindow
@@ -81,6 +85,35 @@ def alert_ack(request: HttpRequest, alert_id: int) -> HttpResponse:
         messages.success(request, f"Alert {alert_id} acknowledged.")
     except (AlertResolved, AlertAlreadyAcknowledged) as error:
         messages.warning(request, f"Alert {alert_id} not acknowledged: {error}")
+    back = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+        back = "/alerts/"
+    return redirect(back)
+
+
+@login_required
+@require_POST
+def alert_silence_form(request: HttpRequest, alert_id: int) -> HttpResponse:
+    """Silence for a stated time with a reason (CSRF-protected form; operate on the cluster)."""
+    alert = alert_get(alert_id=alert_id, visible=clusters_visible(user=request.user))
+    if alert is None:
+        raise Http404("no such alert")
+    reason = request.POST.get("reason", "").strip()[:2000]
+    minutes = request.POST.get("minutes", "")
+    if not reason or not minutes.isdigit() or not 1 <= int(minutes) <= SILENCE_MAX_MIN:
+        messages.warning(request, f"Alert {alert_id} not silenced: give minutes (1 to "
+                         f"{SILENCE_MAX_MIN}) and a reason.")  # fmt: skip
+    elif not alert_silence_authorize(
+        user=request.user, alert=alert, reason=reason, request=request
+    ):
+        return HttpResponseForbidden("you may not silence this cluster's alerts")
+    else:
+        try:
+            alert_silence(alert=alert, user=request.user, minutes=int(minutes), reason=reason,
+                          request=request)  # fmt: skip
+            messages.success(request, f"Alert {alert_id} silenced for {minutes} min.")
+        except AlertNotFiring as error:
+            messages.warning(request, f"Alert {alert_id} not silenced: {error}")
     back = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
         back = "/alerts/"

@@ -91,6 +91,7 @@ def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
         "total_gpus": total,
         "node_count": len(nodes),
         "firing": sum(a["state"] == AlertState.FIRING for a in open_alerts_json),
+        "unacknowledged": warnings_unacknowledged(open_alerts_json, now),
         # out of run plans: a cordoned node, and a draining one (its drain not yet over)
         "cordoned": sum(node["state"] == NodeState.CORDONED for node in nodes),
         "draining": sum(node["state"] == NodeState.DRAINING for node in nodes),
@@ -112,3 +113,15 @@ def cluster_overview(request: HttpRequest, cluster: str) -> HttpResponse:
         "live": live_config([found.name]) if blocks is None else None,
     }
     return render(request, "dashboard/overview.html", context)
+
+
+def warnings_unacknowledged(alerts: list[dict], now: float) -> dict:
+    """The overview's amber count: firing warnings, how many of them aged (unacknowledged
+    past the cluster's warning_age_min), and the oldest one's age in minutes."""
+    firing = [a for a in alerts if a["state"] == AlertState.FIRING and a["severity"] == "warning"]
+    oldest = min((a["opened_at"] for a in firing), default=None)
+    return {
+        "count": len(firing),
+        "aged": sum(a["aged_at"] is not None for a in firing),
+        "oldest_min": int((now - oldest) // 60) if oldest is not None else None,
+    }
