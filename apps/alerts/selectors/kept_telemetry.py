@@ -5,8 +5,9 @@ at 1,024 ranks (128 nodes × 8 GPUs, 1 Hz samples), almost all of it decoding th
 into the same Python tuples again. Kept, a pass reads only each node's span that got samples
 since this worker's last pass over the cluster (apps.telemetry.changes says which, exactly),
 replaces the kept points of that span with what it read, drops the points that fell out of
-the window, and hands the detectors each series' points as a slice of the kept tuple: an
-unchanged series is the same `Series` as last pass.
+the window, and hands the detectors each series' points as a slice of its kept columns (two
+read-only numpy arrays, times and values: a pass costs a few numpy calls a series, not a
+Python tuple a point): an unchanged series is the same `Series` as last pass.
 
 The window a pass sees is the one a whole read gives (`series_points` over [now − window,
 `live_telemetry_end(now)`)): a span read again holds every stored point of it, in the stored
@@ -22,14 +23,13 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left
 from dataclasses import dataclass, field
-from operator import itemgetter
 
+import numpy as np
 from django.conf import settings
 
 from apps.telemetry.changes import sample_changes_since, sample_changes_snapshot
-from apps.telemetry.selectors import series_points, series_points_in_spans
+from apps.telemetry.selectors import series_columns, series_columns_in_spans
 from detectors.types import Series
 
 # Past this a kept window is read whole: well inside the change log's retention.
@@ -41,8 +41,9 @@ LOAD_AHEAD_S = 600.0
 _SPAN_MARGIN_S = 1e-3
 
 Key = tuple[int, int, int]  # (node id, metric id, gpu)
-Points = tuple[tuple[float, float], ...]
-_TS = itemgetter(0)
+Columns = tuple[np.ndarray, np.ndarray]  # (ts, values): read-only float64, in time order
+_NONE = np.empty(0, dtype=np.float64)
+_NONE.flags.writeable = False
 
 
 @dataclass
@@ -52,7 +53,7 @@ class KeptSeries:
     watermark: int | None = None  # apps.telemetry.changes: the last pass's snapshot xmin
     used_at: float = 0.0  # time.monotonic() of the last pass
     metrics: dict[int, str] = field(default_factory=dict)
-    points: dict[Key, Points] = field(default_factory=dict)  # sorted by key
+    columns: dict[Key, Columns] = field(default_factory=dict)  # sorted by key
     handed: dict[Key, Series] = field(default_factory=dict)  # what the last pass handed on
     size: int = 0  # points held
 
@@ -83,13 +84,20 @@ def telemetry_kept(
         changed = _spans_replace(kept, _spans_widened(changes, start=start), list(metrics))
     else:
         kept.handed, kept.metrics = {}, dict(metrics)
-        read = series_points(
+        read = series_columns(
             node_ids=list(names), metric_ids=list(metrics), start=start,
             end=now + LOAD_AHEAD_S, resolution=settings.ALERT_TELEMETRY_RESOLUTION_S,
-        )  # fmt: skip
-        kept.points = {key: tuple(points) for key, points in sorted(read.items())}
+        ).columns()  # fmt: skip
+        kept.columns = {key: _frozen(*columns) for key, columns in sorted(read.items())}
     kept.watermark, kept.used_at = snapshot.xmin, time.monotonic()
     return _handed(kept, changed, names=names, start=start, end=live_telemetry_end(now))
+
+
+def _frozen(ts: np.ndarray, values: np.ndarray) -> Columns:
+    """Columns as kept: read-only, so that the slices handed on in a Series stay as they
+    were handed (a later pass builds new arrays rather than writing into these)."""
+    ts.flags.writeable = values.flags.writeable = False
+    return ts, values
 
 
 def _spans_widened(
@@ -120,23 +128,33 @@ def _spans_replace(
     kept: KeptSeries, spans: dict[int, tuple[float, float]], metric_ids: list[int]
 ) -> set[Key]:
     """Each changed node's series: their points in the node's span become what is stored
-    there now. Returns the series it replaced points of."""
+    there now. Returns the series it replaced points of. A series costs a few numpy calls
+    on its columns, whatever it holds (the new points are copied in, the rest by memcpy)."""
     if not spans:
         return set()
-    read = series_points_in_spans(
+    read = series_columns_in_spans(
         spans=spans, metric_ids=metric_ids, resolution=settings.ALERT_TELEMETRY_RESOLUTION_S
-    )
-    touched = {key for key in kept.points if key[0] in spans} | set(read)
+    ).columns()
+    touched = {key for key in kept.columns if key[0] in spans} | set(read)
+    edges = {node: np.array(span, dtype=np.float64) for node, span in spans.items()}
     added = False
     for key in touched:
-        a, b = spans[key[0]]
-        fresh = tuple(point for point in read.get(key, ()) if a <= point[0] < b)
-        held = kept.points.get(key, ())
-        i, j = bisect_left(held, a, key=_TS), bisect_left(held, b, key=_TS)
-        added |= key not in kept.points
-        kept.points[key] = held[:i] + fresh + held[j:]
+        span = edges[key[0]]
+        held_ts, held_values = kept.columns.get(key, (_NONE, _NONE))
+        fresh_ts, fresh_values = read.get(key, (_NONE, _NONE))
+        if len(fresh_ts):  # the read's points in [a, b): other nodes' spans may bring more
+            lo, hi = fresh_ts.searchsorted(span).tolist()
+            fresh_ts, fresh_values = fresh_ts[lo:hi], fresh_values[lo:hi]
+        i, j = held_ts.searchsorted(span).tolist()
+        if i == j and not len(fresh_ts):
+            continue  # nothing held in the span, nothing read for it
+        added |= key not in kept.columns
+        kept.columns[key] = _frozen(
+            np.concatenate((held_ts[:i], fresh_ts, held_ts[j:])),
+            np.concatenate((held_values[:i], fresh_values, held_values[j:])),
+        )
     if added:
-        kept.points = dict(sorted(kept.points.items()))
+        kept.columns = dict(sorted(kept.columns.items()))
     return touched
 
 
@@ -145,34 +163,38 @@ def _handed(
 ) -> list[Series]:
     """Each kept series' points in [start, end) as a Series, in (node id, metric id, gpu)
     order as a whole read returns them: last pass's Series when the same points (not
-    `changed`, and the same slice of its kept tuple). Points before `start` are dropped
+    `changed`, and the same slice of its kept columns). Points before `start` are dropped
     from the kept window."""
     handed: dict[Key, Series] = {}
     size = 0
-    for key, points in kept.points.items():
-        i = bisect_left(points, start, key=_TS)
+    edges = np.array((start, end), dtype=np.float64)
+    dropped = []
+    for key, (ts, values) in kept.columns.items():
+        i, j = ts.searchsorted(edges).tolist()
+        if i == len(ts):  # nothing left in the window (or nothing at all)
+            dropped.append(key)
+            continue
         if i:
-            points = kept.points[key] = points[i:]
-        j = bisect_left(points, end, key=_TS)
-        size += len(points)
+            ts, values = kept.columns[key] = ts[i:], values[i:]
+            j -= i
+        size += len(ts)
         node_id, metric_id, gpu = key
         if not j or node_id not in names:
             continue
-        shown = points[:j] if j < len(points) else points
         last = kept.handed.get(key)
-        if last is None or key in changed or not _same_points(last.points, shown):
-            last = Series(node=names[node_id], metric=kept.metrics[metric_id],
-                          gpu=None if gpu < 0 else gpu, points=shown)  # fmt: skip
+        if last is None or key in changed or not _same_points(last, ts, j):
+            last = Series(names[node_id], kept.metrics[metric_id], None if gpu < 0 else gpu,
+                          times=ts[:j], values=values[:j])  # fmt: skip
         handed[key] = last
-    kept.points = {key: points for key, points in kept.points.items() if points}
+    for key in dropped:
+        del kept.columns[key]
     kept.handed, kept.size = handed, size
     return list(handed.values())
 
 
-def _same_points(last: Points, shown: Points) -> bool:
-    """Whether a slice of a series' kept points that no span replaced is what was handed
-    before: then it only lost points at its start or gained some at its end, and the same
-    first and last point objects and length say neither happened."""
-    return len(last) == len(shown) and (
-        not shown or (last[0] is shown[0] and last[-1] is shown[-1])
-    )
+def _same_points(last: Series, ts: np.ndarray, shown: int) -> bool:
+    """Whether the first `shown` points of a series' kept columns, which no span replaced,
+    are what was handed before: then they only lost points at their start or gained some
+    at their end, and the same length and first time say neither happened (the start is
+    found by a left search, so a later start cannot land on a point of the same time)."""
+    return len(last) == shown and last.times[0] == ts[0]
