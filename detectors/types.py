@@ -145,18 +145,21 @@ def _series(
 
 
 def _column(data: ArrayLike) -> FloatColumn:
-    """`data` as a one-dimensional read-only float64 array: a view when it is one already
-    (kept windows hand on slices of what they hold), else a copy."""
-    if type(data) is np.ndarray and data.dtype == np.float64 and not data.flags.writeable:
-        column = data  # as kept windows hand them on: nothing to check but its shape
+    """`data` as a one-dimensional read-only float64 array: a read-only view when it is an
+    array already (kept windows hand on slices of what they hold), else a copy."""
+    if type(data) is np.ndarray and data.dtype is _FLOAT64 and data.ndim == 1:
+        column = data  # the common case, as kept windows and reads hand columns on
     else:
         column = np.asarray(data, dtype=np.float64)
-    if column.ndim != 1:
-        raise ValueError("a series' column is one-dimensional")
+        if column.ndim != 1:
+            raise ValueError("a series' column is one-dimensional")
     if column.flags.writeable:
         column = column.view()
         column.flags.writeable = False
     return column
+
+
+_FLOAT64 = np.dtype(np.float64)
 
 
 class Points(Sequence[tuple[float, float]]):

@@ -157,12 +157,15 @@ def _codes_of(
     not seen yet) for a row of one node's points with a metric id and gpu each."""
     if not len(metrics):
         return np.empty(0, dtype=np.int64)
-    pairs, inverse = np.unique(np.stack((metrics, gpus)), axis=1, return_inverse=True)
+    # a row holds each series' points together (sorted by metric and gpu): one run each
+    key = (metrics.astype(np.int64) << 16) | (gpus.astype(np.int64) + 32768)
+    starts = np.flatnonzero(key[1:] != key[:-1]) + 1
+    firsts = np.concatenate(([0], starts))
     local = []
-    for metric_id, gpu in pairs.T.tolist():
-        key = (node_id, metric_id, gpu)
-        if key not in index:
-            index[key] = len(keys)
-            keys.append(key)
-        local.append(index[key])
-    return np.array(local, dtype=np.int64)[inverse.reshape(-1)]
+    for metric_id, gpu in zip(metrics[firsts].tolist(), gpus[firsts].tolist(), strict=True):
+        found = (node_id, metric_id, gpu)
+        if found not in index:
+            index[found] = len(keys)
+            keys.append(found)
+        local.append(index[found])
+    return np.repeat(np.array(local, dtype=np.int64), np.diff(np.append(firsts, len(key))))

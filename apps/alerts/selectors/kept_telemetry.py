@@ -41,9 +41,48 @@ LOAD_AHEAD_S = 600.0
 _SPAN_MARGIN_S = 1e-3
 
 Key = tuple[int, int, int]  # (node id, metric id, gpu)
-Columns = tuple[np.ndarray, np.ndarray]  # (ts, values): read-only float64, in time order
 _NONE = np.empty(0, dtype=np.float64)
 _NONE.flags.writeable = False
+# Room a series' buffers keep past its points for those of later passes: a pass appends in
+# place until they are full, then the points move to new buffers this much larger.
+_ROOM = 1.5
+_ROOM_MIN = 16
+
+
+class Buffers:
+    """One series' kept points: its times and values in [lo, n) of two buffers. A pass that
+    adds points after all of them writes them in place past `n`; anything else (a span that
+    replaces points, full buffers) moves the points to new buffers. Nothing at or before
+    `n` is ever written again, so the slices handed on in a Series stay as they were."""
+
+    __slots__ = ("ts", "values", "lo", "n", "last")
+
+    def __init__(self, ts: np.ndarray, values: np.ndarray) -> None:
+        size = max(_ROOM_MIN, int(len(ts) * _ROOM))
+        self.ts, self.values = np.empty(size), np.empty(size)
+        self.ts[: len(ts)], self.values[: len(ts)] = ts, values
+        self.lo, self.n = 0, len(ts)
+        self.last = ts[-1].item() if len(ts) else -math.inf  # the newest time, as a float
+
+    def live(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.ts[self.lo : self.n], self.values[self.lo : self.n]
+
+    def replace(self, a: float, b: float, ts: np.ndarray, values: np.ndarray) -> Buffers:
+        """These points with those in [a, b) replaced by `ts`/`values` (all in [a, b)):
+        itself, appended to in place, or new buffers."""
+        if self.last < a and self.n + len(ts) <= len(self.ts):
+            end = self.n + len(ts)
+            self.ts[self.n : end], self.values[self.n : end] = ts, values
+            self.n = end
+            if len(ts):
+                self.last = ts[-1].item()
+            return self
+        held_ts, held_values = self.live()
+        i, j = held_ts.searchsorted((a, b)).tolist()
+        return Buffers(
+            np.concatenate((held_ts[:i], ts, held_ts[j:])),
+            np.concatenate((held_values[:i], values, held_values[j:])),
+        )
 
 
 @dataclass
@@ -53,7 +92,7 @@ class KeptSeries:
     watermark: int | None = None  # apps.telemetry.changes: the last pass's snapshot xmin
     used_at: float = 0.0  # time.monotonic() of the last pass
     metrics: dict[int, str] = field(default_factory=dict)
-    columns: dict[Key, Columns] = field(default_factory=dict)  # sorted by key
+    columns: dict[Key, Buffers] = field(default_factory=dict)  # sorted by key
     handed: dict[Key, Series] = field(default_factory=dict)  # what the last pass handed on
     size: int = 0  # points held
 
@@ -88,16 +127,9 @@ def telemetry_kept(
             node_ids=list(names), metric_ids=list(metrics), start=start,
             end=now + LOAD_AHEAD_S, resolution=settings.ALERT_TELEMETRY_RESOLUTION_S,
         ).columns()  # fmt: skip
-        kept.columns = {key: _frozen(*columns) for key, columns in sorted(read.items())}
+        kept.columns = {key: Buffers(*columns) for key, columns in sorted(read.items())}
     kept.watermark, kept.used_at = snapshot.xmin, time.monotonic()
     return _handed(kept, changed, names=names, start=start, end=live_telemetry_end(now))
-
-
-def _frozen(ts: np.ndarray, values: np.ndarray) -> Columns:
-    """Columns as kept: read-only, so that the slices handed on in a Series stay as they
-    were handed (a later pass builds new arrays rather than writing into these)."""
-    ts.flags.writeable = values.flags.writeable = False
-    return ts, values
 
 
 def _spans_widened(
@@ -136,23 +168,22 @@ def _spans_replace(
         spans=spans, metric_ids=metric_ids, resolution=settings.ALERT_TELEMETRY_RESOLUTION_S
     ).columns()
     touched = {key for key in kept.columns if key[0] in spans} | set(read)
-    edges = {node: np.array(span, dtype=np.float64) for node, span in spans.items()}
     added = False
     for key in touched:
-        span = edges[key[0]]
-        held_ts, held_values = kept.columns.get(key, (_NONE, _NONE))
+        a, b = spans[key[0]]
         fresh_ts, fresh_values = read.get(key, (_NONE, _NONE))
-        if len(fresh_ts):  # the read's points in [a, b): other nodes' spans may bring more
-            lo, hi = fresh_ts.searchsorted(span).tolist()
+        # the read's points in [a, b): other nodes' spans may bring more
+        if len(fresh_ts) and (fresh_ts[0] < a or fresh_ts[-1] >= b):
+            lo, hi = fresh_ts.searchsorted((a, b)).tolist()
             fresh_ts, fresh_values = fresh_ts[lo:hi], fresh_values[lo:hi]
-        i, j = held_ts.searchsorted(span).tolist()
-        if i == j and not len(fresh_ts):
-            continue  # nothing held in the span, nothing read for it
-        added |= key not in kept.columns
-        kept.columns[key] = _frozen(
-            np.concatenate((held_ts[:i], fresh_ts, held_ts[j:])),
-            np.concatenate((held_values[:i], fresh_values, held_values[j:])),
-        )
+        held = kept.columns.get(key)
+        if held is None:
+            if not len(fresh_ts):
+                continue
+            added = True
+            kept.columns[key] = Buffers(fresh_ts, fresh_values)
+        else:
+            kept.columns[key] = held.replace(a, b, fresh_ts, fresh_values)
     if added:
         kept.columns = dict(sorted(kept.columns.items()))
     return touched
@@ -169,13 +200,15 @@ def _handed(
     size = 0
     edges = np.array((start, end), dtype=np.float64)
     dropped = []
-    for key, (ts, values) in kept.columns.items():
+    for key, held in kept.columns.items():
+        ts, values = held.live()
         i, j = ts.searchsorted(edges).tolist()
         if i == len(ts):  # nothing left in the window (or nothing at all)
             dropped.append(key)
             continue
         if i:
-            ts, values = kept.columns[key] = ts[i:], values[i:]
+            held.lo += i
+            ts, values = ts[i:], values[i:]
             j -= i
         size += len(ts)
         node_id, metric_id, gpu = key
