@@ -5,9 +5,10 @@ at 1,024 ranks (128 nodes × 8 GPUs, 1 Hz samples), almost all of it decoding th
 into the same Python tuples again. Kept, a pass reads only each node's span that got samples
 since this worker's last pass over the cluster (apps.telemetry.changes says which, exactly),
 replaces the kept points of that span with what it read, drops the points that fell out of
-the window, and hands the detectors each series' points as a slice of its kept columns (two
-read-only numpy arrays, times and values: a pass costs a few numpy calls a series, not a
-Python tuple a point): an unchanged series is the same `Series` as last pass.
+the window, and hands the detectors each series' points as read-only slices of its kept
+columns (times and values in numpy buffers that later passes append to in place, past what
+was handed: `Buffers`; a pass costs a few numpy calls a series, not a Python tuple a point):
+an unchanged series is the same `Series` as last pass.
 
 The window a pass sees is the one a whole read gives (`series_points` over [now − window,
 `live_telemetry_end(now)`)): a span read again holds every stored point of it, in the stored
