@@ -29,10 +29,10 @@ from detectors.common import (
     rank_nodes,
     run_subject,
     series_index,
-    sustained,
+    sustained_met,
 )
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
-from detectors.types import ClusterWindow, Finding, RunWindow, StepRow
+from detectors.types import ClusterWindow, Finding, RunWindow, Series, StepRow
 
 
 def detect(
@@ -135,28 +135,31 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _host_starved(window: ClusterWindow, config: DetectorConfig) -> dict[str, dict[str, Any]]:
-    """node → host evidence, for nodes whose CPUs stay busy while most GPUs idle."""
+    """node → host evidence, for nodes whose CPUs stay busy while most GPUs idle. Reads
+    the series' columns with numpy: every GPU's utilisation is looked at every pass."""
     index = series_index(window)
-    gpus: dict[str, list[tuple[tuple[float, float], ...]]] = defaultdict(list)
+    gpus: dict[str, list[Series]] = defaultdict(list)
     for series in window.telemetry:
-        if series.metric == "gpu.util" and series.gpu is not None and series.points:
-            gpus[series.node].append(series.points)
+        if series.metric == "gpu.util" and series.gpu is not None and len(series):
+            gpus[series.node].append(series)
     out: dict[str, dict[str, Any]] = {}
     for node, utils in gpus.items():
         cpu = index.get((node, None, "host.cpu_util"))
-        if cpu is None or not cpu.points:
+        if cpu is None or not len(cpu):
             continue
         span, share = config.input_sustain_s, config.sustain_share
-        busy_since = sustained(cpu.points, lambda v: v > config.input_cpu_util, span, share)
+        busy_since = sustained_met(cpu.times, cpu.values > config.input_cpu_util, span, share)
         if busy_since is None:
             continue
-        idle = [sustained(p, lambda v: v < config.input_gpu_util, span, share) for p in utils]
+        idle = [
+            sustained_met(u.times, u.values < config.input_gpu_util, span, share) for u in utils
+        ]
         long_idle = [s for s in idle if s is not None]
         if len(long_idle) * 2 <= len(utils):
             continue
         out[node] = {
-            "host_cpu_util": round(cpu.points[-1][1], 1),
-            "gpu_util": round(median([p[-1][1] for p in utils]), 1),
+            "host_cpu_util": round(cpu.values[-1].item(), 1),
+            "gpu_util": round(median([u.values[-1].item() for u in utils]), 1),
             "gpus_idle": len(long_idle),
             "gpus": len(utils),
             "since": max(busy_since, min(long_idle)),

@@ -12,11 +12,19 @@ samples to keep the share, so it resolves once the GPU has cooled for a fifth of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import numpy as np
+from numpy.typing import NDArray
 
-from detectors.common import median, node_runs, node_subject, series_index, sustained
+from detectors.common import (
+    mask_bits,
+    median,
+    node_runs,
+    node_subject,
+    series_index,
+    sustained_met,
+)
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
-from detectors.types import ClusterWindow, Finding
+from detectors.types import ClusterWindow, Finding, Series
 
 # NVML clocksEventReasons (nvmlClocksThrottleReasons) bits, in bit order.
 REASONS = {
@@ -47,24 +55,20 @@ def throttle_reasons(mask: int | float) -> list[str]:
     return names
 
 
+_EMPTY = Series("", "", None, ())
+
+
 def _lasting(
-    points: Sequence[tuple[float, float]],
-    condition: Callable[[float], object],
-    needed: float,
-    config: DetectorConfig,
+    series: Series, met: NDArray[np.bool_], needed: float, config: DetectorConfig
 ) -> float | None:
-    """When the condition began, if it has held for `needed` seconds (see the module
-    docstring); else None."""
-    return sustained(points, condition, needed, config.sustain_share)
+    """When the condition `met` (per sample) began, if it has held for `needed` seconds (see
+    the module docstring); else None."""
+    return sustained_met(series.times, met, needed, config.sustain_share)
 
 
-def _recent_median(points: Sequence[tuple[float, float]], span: float) -> float:
-    end = points[-1][0]
-    return median([v for t, v in points if t >= end - span])
-
-
-def _at_least(limit: float) -> Callable[[float], bool]:
-    return lambda value: value >= limit
+def _recent_median(series: Series, span: float) -> float:
+    times = series.times
+    return median(series.values[times >= times[-1] - span].tolist())
 
 
 def detect(
@@ -73,29 +77,31 @@ def detect(
     """Per GPU (`node:<n>/gpu:<g>`): `thermal` when over `thermal_temp_c` for
     `thermal_temp_s` or thermally throttled for `throttle_s` (critical from
     `thermal_critical_c`); `power` when at `power_share` of its limit with power-cap
-    throttling for `power_s`. Evidence decodes the throttle mask."""
+    throttling for `power_s`. Evidence decodes the throttle mask. Reads each series'
+    columns with numpy: every GPU's series is walked every pass."""
     index = series_index(window)
     runs_of = node_runs(window)
     gpus = sorted({(s.node, s.gpu) for s in window.telemetry if s.gpu is not None})
     findings = []
     for node, gpu in gpus:
 
-        def points(metric: str, node: str = node, gpu: int | None = gpu):
-            series = index.get((node, gpu, metric))
-            return series.points if series is not None else ()
+        def series(metric: str, node: str = node, gpu: int | None = gpu) -> Series:
+            return index.get((node, gpu, metric), _EMPTY)
 
-        temps, masks = points("gpu.temp_c"), points("gpu.throttle_reasons")
-        mask = int(masks[-1][1]) if masks else 0
+        temps, masks = series("gpu.temp_c"), series("gpu.throttle_reasons")
+        mask = int(masks.values[-1].item()) if len(masks) else 0
         decoded = throttle_reasons(mask)
         common = {"throttle_mask": mask, "throttle_reasons": decoded}
-        clock = points("gpu.sm_clock_mhz")
-        if clock:
-            common["sm_clock_mhz"] = clock[-1][1]
-        hot = _lasting(temps, lambda v: v > config.thermal_temp_c, config.thermal_temp_s, config)
-        throttled = _lasting(masks, lambda v: int(v) & THERMAL_BITS, config.throttle_s, config)
+        clock = series("gpu.sm_clock_mhz")
+        if len(clock):
+            common["sm_clock_mhz"] = clock.values[-1].item()
+        hot = _lasting(temps, temps.values > config.thermal_temp_c, config.thermal_temp_s, config)
+        throttled = _lasting(
+            masks, mask_bits(masks.values, THERMAL_BITS), config.throttle_s, config
+        )
         if hot is not None or throttled is not None:
             # The span's median: one stray reading neither hides nor escalates it.
-            temp = _recent_median(temps, config.thermal_temp_s) if temps else None
+            temp = _recent_median(temps, config.thermal_temp_s) if len(temps) else None
             reasons = [r for b, r in REASONS.items() if b & THERMAL_BITS & mask]
             text = f"GPU {gpu} of {node} "
             text += (
@@ -120,13 +126,14 @@ def detect(
                     since=since,
                 )
             )
-        power, limits = points("gpu.power_w"), points("gpu.power_limit_w")
-        if not power or not limits or limits[-1][1] <= 0:
+        power, limits = series("gpu.power_w"), series("gpu.power_limit_w")
+        if not len(power) or not len(limits):
             continue
-        at_cap = _lasting(
-            power, _at_least(config.power_share * limits[-1][1]), config.power_s, config
-        )
-        capped = _lasting(masks, lambda v: int(v) & POWER_BITS, config.power_s, config)
+        limit, drawn = limits.values[-1].item(), power.values[-1].item()
+        if limit <= 0:
+            continue
+        at_cap = _lasting(power, power.values >= config.power_share * limit, config.power_s, config)
+        capped = _lasting(masks, mask_bits(masks.values, POWER_BITS), config.power_s, config)
         if at_cap is None or capped is None:
             continue
         reasons = [r for b, r in REASONS.items() if b & POWER_BITS & mask]
@@ -136,13 +143,13 @@ def detect(
                 subject=node_subject(node, gpu),
                 severity="warning",
                 summary=(
-                    f"GPU {gpu} of {node} draws {power[-1][1]:.0f} W of its "
-                    f"{limits[-1][1]:.0f} W limit, throttled by {', '.join(reasons) or 'power cap'}"
+                    f"GPU {gpu} of {node} draws {drawn:.0f} W of its "
+                    f"{limit:.0f} W limit, throttled by {', '.join(reasons) or 'power cap'}"
                 ),
                 run=runs_of.get(node),
                 node=node,
                 gpu=gpu,
-                evidence={"power_w": power[-1][1], "power_limit_w": limits[-1][1], **common},
+                evidence={"power_w": drawn, "power_limit_w": limit, **common},
                 since=max(at_cap, capped),
             )
         )

@@ -7,11 +7,15 @@ same window and `now` always give the same findings.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeAlias, overload
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 Severity = Literal["warning", "critical"]
+FloatColumn: TypeAlias = NDArray[np.float64]
 
 
 class StepRow(NamedTuple):
@@ -55,14 +59,152 @@ class EventRow:
     data: Mapping[str, Any] = field(default_factory=dict)  # tier, state, code, count, ...
 
 
-@dataclass(frozen=True)
 class Series:
-    """Points of one telemetry series, oldest first; gpu None for host-wide metrics."""
+    """Points of one telemetry series, oldest first; gpu None for host-wide metrics.
+
+    Held as two columns, `times` and `values` (read-only float64 arrays of one length), so
+    that a window kept between passes appends and trims a series in numpy rather than
+    rebuilding a tuple of (ts, value) tuples, and detectors read a series with vectorised
+    numpy (a 1,024-rank window holds 2.5 M points). `points` is the same data as (ts,
+    value) tuples, for detectors that walk it in Python. Built from `points` (a sequence of
+    pairs) or from `times` and `values`. Immutable, and equal when node, metric, gpu and
+    every point are."""
+
+    __slots__ = ("node", "metric", "gpu", "times", "values")
 
     node: str
     metric: str
     gpu: int | None
-    points: tuple[tuple[float, float], ...]
+    times: FloatColumn
+    values: FloatColumn
+
+    def __init__(
+        self,
+        node: str,
+        metric: str,
+        gpu: int | None,
+        points: Sequence[tuple[float, float]] = (),
+        *,
+        times: ArrayLike | None = None,
+        values: ArrayLike | None = None,
+    ) -> None:
+        if times is None or values is None:
+            pairs = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+            times, values = pairs[:, 0], pairs[:, 1]
+        times, values = _column(times), _column(values)
+        if len(times) != len(values):
+            raise ValueError("a series' times and values differ in length")
+        setter = object.__setattr__
+        setter(self, "node", node)
+        setter(self, "metric", metric)
+        setter(self, "gpu", gpu)
+        setter(self, "times", times)
+        setter(self, "values", values)
+
+    @property
+    def points(self) -> Points:
+        """The (ts, value) pairs as Python floats: a sequence over the columns, which builds
+        no tuple until one is read."""
+        return Points(self.times, self.values)
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Series is immutable: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Series is immutable: cannot delete {name}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Series):
+            return NotImplemented
+        return (
+            (self.node, self.metric, self.gpu) == (other.node, other.metric, other.gpu)
+            and np.array_equal(self.times, other.times)
+            and np.array_equal(self.values, other.values)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.node, self.metric, self.gpu, len(self.times)))
+
+    def __repr__(self) -> str:
+        return (
+            f"Series(node={self.node!r}, metric={self.metric!r}, gpu={self.gpu!r}, "
+            f"points={len(self.times)})"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_series, (self.node, self.metric, self.gpu, self.times, self.values))
+
+
+def _series(
+    node: str, metric: str, gpu: int | None, times: FloatColumn, values: FloatColumn
+) -> Series:
+    return Series(node, metric, gpu, times=times, values=values)
+
+
+def _column(data: ArrayLike) -> FloatColumn:
+    """`data` as a one-dimensional read-only float64 array: a read-only view when it is an
+    array already (kept windows hand on slices of what they hold), else a copy."""
+    if type(data) is np.ndarray and data.dtype is _FLOAT64 and data.ndim == 1:
+        column = data  # the common case, as kept windows and reads hand columns on
+    else:
+        column = np.asarray(data, dtype=np.float64)
+        if column.ndim != 1:
+            raise ValueError("a series' column is one-dimensional")
+    if column.flags.writeable:
+        column = column.view()
+        column.flags.writeable = False
+    return column
+
+
+_FLOAT64 = np.dtype(np.float64)
+
+
+class Points(Sequence[tuple[float, float]]):
+    """A series' points as (ts, value) pairs of Python floats, over its columns: its length,
+    an item or the newest few cost the same whatever the series holds; iterating builds the
+    pairs as it goes. Compares equal to any sequence of the same pairs (a tuple of them)."""
+
+    __slots__ = ("_times", "_values")
+
+    def __init__(self, times: FloatColumn, values: FloatColumn) -> None:
+        self._times, self._values = times, values
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[float, float]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Points: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[float, float] | Points:
+        if isinstance(index, slice):
+            return Points(self._times[index], self._values[index])
+        return (self._times[index].item(), self._values[index].item())
+
+    def __iter__(self) -> Iterator[tuple[float, float]]:
+        return zip(self._times.tolist(), self._values.tolist(), strict=True)
+
+    def __reversed__(self) -> Iterator[tuple[float, float]]:
+        return zip(self._times[::-1].tolist(), self._values[::-1].tolist(), strict=True)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Points):
+            return np.array_equal(self._times, other._times) and np.array_equal(
+                self._values, other._values
+            )
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # as a list: equal to tuples, so unhashable
+
+    def __repr__(self) -> str:
+        return f"Points({tuple(self)!r})"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+import numpy as np
+
 from detectors.common import node_runs, node_subject, unique_events
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding
@@ -156,10 +158,11 @@ def _ecc(window: ClusterWindow, config: DetectorConfig, runs_of: dict[str, str])
         entry["count"] += float(event.data.get("count", 1) or 1)
     for series in window.telemetry:
         node, gpu = series.node, series.gpu
-        if series.metric in config.ecc_metrics and len(series.points) >= 2:
-            rise = series.points[-1][1] - series.points[0][1]
+        if series.metric in config.ecc_metrics and len(series) >= 2:
+            values = series.values
+            rise = (values[-1] - values[0]).item()
             if rise > 0:
-                since = next(t for t, v in series.points if v > series.points[0][1])
+                since = series.times[np.flatnonzero(values > values[0])[0]].item()
                 entry = errors.setdefault((node, gpu), {"count": 0.0, "since": since})
                 entry["count"] = max(entry["count"], rise)
                 entry["since"] = min(entry["since"], since)

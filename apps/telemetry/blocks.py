@@ -17,7 +17,7 @@ import numpy as np
 from apps.core.codec import floats_decode, ints_decode
 
 Key = tuple[int, int, int]  # (node id, metric id, gpu)
-Points = tuple[list[float], list[float]]  # (ts in epoch seconds, values), in time order
+Points = tuple[np.ndarray, np.ndarray]  # (ts in epoch seconds, values), in time order
 
 
 class SeriesBlocks:
@@ -47,21 +47,27 @@ class SeriesBlocks:
         order = np.lexsort((ts, code))  # stable: equal times keep the stored order
         code, ts, values = code[order], ts[order], values[order]
         code, ts, values = self._thinned(code, ts, values)
-        # split as Python lists: a slice of a list is far cheaper than np.split's per-part
-        # arrays, and the points end as Python floats anyway
+        if not len(code):
+            return
+        # split as slices (views), not np.split's per-part arrays
         bounds = (np.flatnonzero(code[1:] != code[:-1]) + 1).tolist()
-        ts_list, values_list, codes = ts.tolist(), values.tolist(), code.tolist()
-        for first, last in zip([0, *bounds], [*bounds, len(codes)], strict=True):
-            if first < last:
-                self._hold(keys[codes[first]], (ts_list[first:last], values_list[first:last]))
+        firsts = code[[0, *bounds]].tolist()
+        for each, first, last in zip(firsts, [0, *bounds], [*bounds, len(code)], strict=True):
+            self._hold(keys[each], (ts[first:last], values[first:last]))
 
     def series(self) -> dict[Key, list[tuple[float, float]]]:
         """Each series that has points in the range: its (ts, value) points."""
-        out = {}
-        for key, parts in self.parts.items():
-            ts, values = parts[0] if len(parts) == 1 else self._merged(parts)
-            out[key] = list(zip(ts, values, strict=True))
-        return out
+        return {
+            key: list(zip(ts.tolist(), values.tolist(), strict=True))
+            for key, (ts, values) in self.columns().items()
+        }
+
+    def columns(self) -> dict[Key, Points]:
+        """Each series that has points in the range: its (ts, values) as float64 arrays."""
+        return {
+            key: parts[0] if len(parts) == 1 else self._merged(parts)
+            for key, parts in self.parts.items()
+        }
 
     def _hold(self, key: Key, part: Points) -> None:
         parts = self.parts.setdefault(key, [])
@@ -73,12 +79,12 @@ class SeriesBlocks:
 
     def _merged(self, parts: list[Points]) -> Points:
         """A series' parts (each in time order, later blocks' after) as one."""
-        ts = np.array([t for part in parts for t in part[0]], dtype=np.float64)
-        values = np.array([v for part in parts for v in part[1]], dtype=np.float64)
+        ts = np.concatenate([part[0] for part in parts])
+        values = np.concatenate([part[1] for part in parts])
         order = np.argsort(ts, kind="stable")
         code = np.zeros(len(ts), dtype=np.int64)
         _, ts, values = self._thinned(code, ts[order], values[order])
-        return ts.tolist(), values.tolist()
+        return ts, values
 
     def _thinned(
         self, code: np.ndarray, ts: np.ndarray, values: np.ndarray
@@ -111,26 +117,55 @@ def _block_points(rows: Iterable[Sequence]) -> tuple[list[Key], np.ndarray, np.n
     """(the block's series keys, each point's index into them, ts, values) of a block of
     rows; ts is `e0 + offset / 1000`, the same float the SQL reads of arrays compute. A row's
     `e0` is its chunk's start, or in every row of a query an array of each point's chunk
-    start (raw chunks of a series sent as one row: apps.telemetry.selectors, _SPANS_SQL)."""
+    start (raw chunks sent as one row: apps.telemetry.selectors, _SPANS_SQL); there a row's
+    metric id and gpu are arrays too, a point's each (a node's series in one row)."""
     keys: list[Key] = []
-    codes: list[int] = []
+    codes: list[int | np.ndarray] = []
     starts: list = []  # floats, or arrays: one query's rows are all of one kind
     offsets: list[np.ndarray] = []
     values: list[np.ndarray] = []
+    index: dict[Key, int] = {}
     for node_id, metric_id, gpu, e0, *stored in rows:
-        key = (node_id, metric_id, gpu)
-        if not keys or keys[-1] != key:
-            keys.append(key)
-        codes.append(len(keys) - 1)
+        if isinstance(metric_id, np.ndarray):
+            codes.append(_codes_of(node_id, metric_id, gpu, keys, index))
+        else:
+            key = (node_id, metric_id, gpu)
+            if not keys or keys[-1] != key:
+                keys.append(key)
+            codes.append(len(keys) - 1)
         starts.append(e0)
         offsets_ms, vals = chunk_arrays(*stored)
         offsets.append(offsets_ms)
         values.append(vals)
     lengths = [len(each) for each in offsets]
-    code = np.repeat(np.array(codes, dtype=np.int64), lengths)
+    if codes and isinstance(codes[0], np.ndarray):
+        code = np.concatenate(codes)
+    else:
+        code = np.repeat(np.array(codes, dtype=np.int64), lengths)
     if isinstance(starts[0], np.ndarray):
         bases = np.concatenate(starts)
     else:
         bases = np.repeat(np.array(starts, dtype=np.float64), lengths)
     ts = bases + (np.concatenate(offsets) / 1000.0)
     return keys, code, ts, np.concatenate(values)
+
+
+def _codes_of(
+    node_id: int, metrics: np.ndarray, gpus: np.ndarray, keys: list[Key], index: dict[Key, int]
+) -> np.ndarray:
+    """Each point's index into `keys` (extended, and `index` with it, by the row's series
+    not seen yet) for a row of one node's points with a metric id and gpu each."""
+    if not len(metrics):
+        return np.empty(0, dtype=np.int64)
+    # a row holds each series' points together (sorted by metric and gpu): one run each
+    key = (metrics.astype(np.int64) << 16) | (gpus.astype(np.int64) + 32768)
+    starts = np.flatnonzero(key[1:] != key[:-1]) + 1
+    firsts = np.concatenate(([0], starts))
+    local = []
+    for metric_id, gpu in zip(metrics[firsts].tolist(), gpus[firsts].tolist(), strict=True):
+        found = (node_id, metric_id, gpu)
+        if found not in index:
+            index[found] = len(keys)
+            keys.append(found)
+        local.append(index[found])
+    return np.repeat(np.array(local, dtype=np.int64), np.diff(np.append(firsts, len(key))))

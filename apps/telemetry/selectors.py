@@ -198,6 +198,21 @@ def series_points(
     series and the span, not by how many points agents sent: the detectors' window read
     every point of a 600-second span, and a soak's dense series made it millions of Python
     tuples a pass (docs/faults.md, 10)."""
+    return series_columns(
+        node_ids=node_ids, metric_ids=metric_ids, start=start, end=end, resolution=resolution
+    ).series()
+
+
+def series_columns(
+    *,
+    node_ids: list[int],
+    metric_ids: list[int],
+    start: float,
+    end: float,
+    resolution: float = 0.0,
+) -> SeriesBlocks:
+    """`series_points`' read, as read: `.series()` gives the points, `.columns()` each
+    series' (ts, values) as float64 arrays (the detectors' kept window holds those)."""
     params = {"nodes": node_ids, "metrics": metric_ids, "start": start, "end": end}
     return _blocks_read(
         _MANY_SQL, params, SeriesBlocks(start=start, end=end, resolution=resolution)
@@ -206,9 +221,11 @@ def series_points(
 
 # Each node's chunks that may hold points in its own span. The recent ones are raw (a row
 # per batch and series: a second's point at 1 Hz), and a row costs the client ~12 µs to
-# receive whatever it holds, so a series' raw rows come as one: every point's chunk start,
-# offset and value, in the stored order. Sealed (encoded) rows come as they are, first (their
-# start repeated for each of their `n` points, so that every row's e0 is an array).
+# receive whatever it holds, so a node's raw rows come as one: every point's metric, GPU,
+# chunk start, offset and value, each series' in the stored order (a row a series was 4,096
+# rows a pass at 1,024 ranks, half of the kept telemetry's CPU). Sealed (encoded) rows come
+# as they are, first (their metric, GPU and start repeated for each of their `n` points, so
+# that every row's key and e0 are arrays).
 _SPANS_SQL = f"""
 WITH c AS (
     SELECT c.node_id, c.metric_id, c.gpu, c.t0, c.n, c.offsets_ms, c.vals, c.ts_pco, c.vals_pco
@@ -222,19 +239,23 @@ WITH c AS (
     ) c
 )
 SELECT node_id, metric_id, gpu, e0, offsets_ms, vals, ts_pco, vals_pco FROM (
-    SELECT node_id, metric_id, gpu, 0 AS part, t0,
+    SELECT node_id, array_fill(metric_id, ARRAY[n]) AS metric_id,
+           array_fill(gpu::int4, ARRAY[n]) AS gpu, 0 AS part, t0,
            array_fill(extract(epoch FROM t0)::float8, ARRAY[n]) AS e0, offsets_ms, vals,
            ts_pco, vals_pco
     FROM c WHERE ts_pco IS NOT NULL
     UNION ALL
-    SELECT c.node_id, c.metric_id, c.gpu, 1, min(c.t0),
-           array_agg(extract(epoch FROM c.t0)::float8 ORDER BY c.t0, u.i),
-           array_agg(u.o ORDER BY c.t0, u.i), array_agg(u.v ORDER BY c.t0, u.i), NULL, NULL
+    SELECT c.node_id,
+           array_agg(c.metric_id ORDER BY c.metric_id, c.gpu, c.t0, u.i),
+           array_agg(c.gpu::int4 ORDER BY c.metric_id, c.gpu, c.t0, u.i), 1, min(c.t0),
+           array_agg(extract(epoch FROM c.t0)::float8 ORDER BY c.metric_id, c.gpu, c.t0, u.i),
+           array_agg(u.o ORDER BY c.metric_id, c.gpu, c.t0, u.i),
+           array_agg(u.v ORDER BY c.metric_id, c.gpu, c.t0, u.i), NULL, NULL
     FROM c CROSS JOIN LATERAL unnest(c.offsets_ms, c.vals) WITH ORDINALITY AS u(o, v, i)
     WHERE c.ts_pco IS NULL
-    GROUP BY c.node_id, c.metric_id, c.gpu
+    GROUP BY c.node_id
 ) rows
-ORDER BY node_id, metric_id, gpu, part, t0
+ORDER BY node_id, part, t0
 """
 
 
@@ -246,6 +267,15 @@ def series_points_in_spans(
     come too: callers keep what falls in each node's span."""
     if not spans:
         return {}
+    return series_columns_in_spans(
+        spans=spans, metric_ids=metric_ids, resolution=resolution
+    ).series()
+
+
+def series_columns_in_spans(
+    *, spans: Mapping[int, tuple[float, float]], metric_ids: list[int], resolution: float = 0.0
+) -> SeriesBlocks:
+    """`series_points_in_spans`' read, as read (see `series_columns`); `spans` not empty."""
     nodes = sorted(spans)
     params = {
         "nodes": nodes,
@@ -260,9 +290,7 @@ def series_points_in_spans(
     )
 
 
-def _blocks_read(
-    sql: str, params: dict[str, Any], blocks: SeriesBlocks
-) -> dict[tuple[int, int, int], list[tuple[float, float]]]:
+def _blocks_read(sql: str, params: dict[str, Any], blocks: SeriesBlocks) -> SeriesBlocks:
     database = connections[read_alias()]
     database.ensure_connection()
     # a raw psycopg cursor: stream() fetches as it goes (Django's cursor fetches every row
@@ -274,7 +302,7 @@ def _blocks_read(
         rows = cursor.stream(sql, params, binary=True, size=_STREAM_ROWS)
         while block := list(islice(rows, BLOCK_ROWS)):
             blocks.add(block)
-    return blocks.series()
+    return blocks
 
 
 def metric_id_get(*, name: str) -> int | None:

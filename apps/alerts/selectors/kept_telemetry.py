@@ -5,8 +5,10 @@ at 1,024 ranks (128 nodes × 8 GPUs, 1 Hz samples), almost all of it decoding th
 into the same Python tuples again. Kept, a pass reads only each node's span that got samples
 since this worker's last pass over the cluster (apps.telemetry.changes says which, exactly),
 replaces the kept points of that span with what it read, drops the points that fell out of
-the window, and hands the detectors each series' points as a slice of the kept tuple: an
-unchanged series is the same `Series` as last pass.
+the window, and hands the detectors each series' points as read-only slices of its kept
+columns (times and values in numpy buffers that later passes append to in place, past what
+was handed: `Buffers`; a pass costs a few numpy calls a series, not a Python tuple a point):
+an unchanged series is the same `Series` as last pass.
 
 The window a pass sees is the one a whole read gives (`series_points` over [now − window,
 `live_telemetry_end(now)`)): a span read again holds every stored point of it, in the stored
@@ -22,14 +24,13 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left
 from dataclasses import dataclass, field
-from operator import itemgetter
 
+import numpy as np
 from django.conf import settings
 
 from apps.telemetry.changes import sample_changes_since, sample_changes_snapshot
-from apps.telemetry.selectors import series_points, series_points_in_spans
+from apps.telemetry.selectors import series_columns, series_columns_in_spans
 from detectors.types import Series
 
 # Past this a kept window is read whole: well inside the change log's retention.
@@ -41,8 +42,48 @@ LOAD_AHEAD_S = 600.0
 _SPAN_MARGIN_S = 1e-3
 
 Key = tuple[int, int, int]  # (node id, metric id, gpu)
-Points = tuple[tuple[float, float], ...]
-_TS = itemgetter(0)
+_NONE = np.empty(0, dtype=np.float64)
+_NONE.flags.writeable = False
+# Room a series' buffers keep past its points for those of later passes: a pass appends in
+# place until they are full, then the points move to new buffers this much larger.
+_ROOM = 1.5
+_ROOM_MIN = 16
+
+
+class Buffers:
+    """One series' kept points: its times and values in [lo, n) of two buffers. A pass that
+    adds points after all of them writes them in place past `n`; anything else (a span that
+    replaces points, full buffers) moves the points to new buffers. Nothing at or before
+    `n` is ever written again, so the slices handed on in a Series stay as they were."""
+
+    __slots__ = ("ts", "values", "lo", "n", "last")
+
+    def __init__(self, ts: np.ndarray, values: np.ndarray) -> None:
+        size = max(_ROOM_MIN, int(len(ts) * _ROOM))
+        self.ts, self.values = np.empty(size), np.empty(size)
+        self.ts[: len(ts)], self.values[: len(ts)] = ts, values
+        self.lo, self.n = 0, len(ts)
+        self.last = ts[-1].item() if len(ts) else -math.inf  # the newest time, as a float
+
+    def live(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.ts[self.lo : self.n], self.values[self.lo : self.n]
+
+    def replace(self, a: float, b: float, ts: np.ndarray, values: np.ndarray) -> Buffers:
+        """These points with those in [a, b) replaced by `ts`/`values` (all in [a, b)):
+        itself, appended to in place, or new buffers."""
+        if self.last < a and self.n + len(ts) <= len(self.ts):
+            end = self.n + len(ts)
+            self.ts[self.n : end], self.values[self.n : end] = ts, values
+            self.n = end
+            if len(ts):
+                self.last = ts[-1].item()
+            return self
+        held_ts, held_values = self.live()
+        i, j = held_ts.searchsorted((a, b)).tolist()
+        return Buffers(
+            np.concatenate((held_ts[:i], ts, held_ts[j:])),
+            np.concatenate((held_values[:i], values, held_values[j:])),
+        )
 
 
 @dataclass
@@ -52,7 +93,7 @@ class KeptSeries:
     watermark: int | None = None  # apps.telemetry.changes: the last pass's snapshot xmin
     used_at: float = 0.0  # time.monotonic() of the last pass
     metrics: dict[int, str] = field(default_factory=dict)
-    points: dict[Key, Points] = field(default_factory=dict)  # sorted by key
+    columns: dict[Key, Buffers] = field(default_factory=dict)  # sorted by key
     handed: dict[Key, Series] = field(default_factory=dict)  # what the last pass handed on
     size: int = 0  # points held
 
@@ -83,11 +124,11 @@ def telemetry_kept(
         changed = _spans_replace(kept, _spans_widened(changes, start=start), list(metrics))
     else:
         kept.handed, kept.metrics = {}, dict(metrics)
-        read = series_points(
+        read = series_columns(
             node_ids=list(names), metric_ids=list(metrics), start=start,
             end=now + LOAD_AHEAD_S, resolution=settings.ALERT_TELEMETRY_RESOLUTION_S,
-        )  # fmt: skip
-        kept.points = {key: tuple(points) for key, points in sorted(read.items())}
+        ).columns()  # fmt: skip
+        kept.columns = {key: Buffers(*columns) for key, columns in sorted(read.items())}
     kept.watermark, kept.used_at = snapshot.xmin, time.monotonic()
     return _handed(kept, changed, names=names, start=start, end=live_telemetry_end(now))
 
@@ -120,23 +161,32 @@ def _spans_replace(
     kept: KeptSeries, spans: dict[int, tuple[float, float]], metric_ids: list[int]
 ) -> set[Key]:
     """Each changed node's series: their points in the node's span become what is stored
-    there now. Returns the series it replaced points of."""
+    there now. Returns the series it replaced points of. A series costs a few numpy calls
+    on its columns, whatever it holds (the new points are copied in, the rest by memcpy)."""
     if not spans:
         return set()
-    read = series_points_in_spans(
+    read = series_columns_in_spans(
         spans=spans, metric_ids=metric_ids, resolution=settings.ALERT_TELEMETRY_RESOLUTION_S
-    )
-    touched = {key for key in kept.points if key[0] in spans} | set(read)
+    ).columns()
+    touched = {key for key in kept.columns if key[0] in spans} | set(read)
     added = False
     for key in touched:
         a, b = spans[key[0]]
-        fresh = tuple(point for point in read.get(key, ()) if a <= point[0] < b)
-        held = kept.points.get(key, ())
-        i, j = bisect_left(held, a, key=_TS), bisect_left(held, b, key=_TS)
-        added |= key not in kept.points
-        kept.points[key] = held[:i] + fresh + held[j:]
+        fresh_ts, fresh_values = read.get(key, (_NONE, _NONE))
+        # the read's points in [a, b): other nodes' spans may bring more
+        if len(fresh_ts) and (fresh_ts[0] < a or fresh_ts[-1] >= b):
+            lo, hi = fresh_ts.searchsorted((a, b)).tolist()
+            fresh_ts, fresh_values = fresh_ts[lo:hi], fresh_values[lo:hi]
+        held = kept.columns.get(key)
+        if held is None:
+            if not len(fresh_ts):
+                continue
+            added = True
+            kept.columns[key] = Buffers(fresh_ts, fresh_values)
+        else:
+            kept.columns[key] = held.replace(a, b, fresh_ts, fresh_values)
     if added:
-        kept.points = dict(sorted(kept.points.items()))
+        kept.columns = dict(sorted(kept.columns.items()))
     return touched
 
 
@@ -145,34 +195,40 @@ def _handed(
 ) -> list[Series]:
     """Each kept series' points in [start, end) as a Series, in (node id, metric id, gpu)
     order as a whole read returns them: last pass's Series when the same points (not
-    `changed`, and the same slice of its kept tuple). Points before `start` are dropped
+    `changed`, and the same slice of its kept columns). Points before `start` are dropped
     from the kept window."""
     handed: dict[Key, Series] = {}
     size = 0
-    for key, points in kept.points.items():
-        i = bisect_left(points, start, key=_TS)
+    edges = np.array((start, end), dtype=np.float64)
+    dropped = []
+    for key, held in kept.columns.items():
+        ts, values = held.live()
+        i, j = ts.searchsorted(edges).tolist()
+        if i == len(ts):  # nothing left in the window (or nothing at all)
+            dropped.append(key)
+            continue
         if i:
-            points = kept.points[key] = points[i:]
-        j = bisect_left(points, end, key=_TS)
-        size += len(points)
+            held.lo += i
+            ts, values = ts[i:], values[i:]
+            j -= i
+        size += len(ts)
         node_id, metric_id, gpu = key
         if not j or node_id not in names:
             continue
-        shown = points[:j] if j < len(points) else points
         last = kept.handed.get(key)
-        if last is None or key in changed or not _same_points(last.points, shown):
-            last = Series(node=names[node_id], metric=kept.metrics[metric_id],
-                          gpu=None if gpu < 0 else gpu, points=shown)  # fmt: skip
+        if last is None or key in changed or not _same_points(last, ts, j):
+            last = Series(names[node_id], kept.metrics[metric_id], None if gpu < 0 else gpu,
+                          times=ts[:j], values=values[:j])  # fmt: skip
         handed[key] = last
-    kept.points = {key: points for key, points in kept.points.items() if points}
+    for key in dropped:
+        del kept.columns[key]
     kept.handed, kept.size = handed, size
     return list(handed.values())
 
 
-def _same_points(last: Points, shown: Points) -> bool:
-    """Whether a slice of a series' kept points that no span replaced is what was handed
-    before: then it only lost points at its start or gained some at its end, and the same
-    first and last point objects and length say neither happened."""
-    return len(last) == len(shown) and (
-        not shown or (last[0] is shown[0] and last[-1] is shown[-1])
-    )
+def _same_points(last: Series, ts: np.ndarray, shown: int) -> bool:
+    """Whether the first `shown` points of a series' kept columns, which no span replaced,
+    are what was handed before: then they only lost points at their start or gained some
+    at their end, and the same length and first time say neither happened (the start is
+    found by a left search, so a later start cannot land on a point of the same time)."""
+    return len(last) == shown and last.times[0] == ts[0]

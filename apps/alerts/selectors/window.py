@@ -28,7 +28,7 @@ from apps.clusters.models import Cluster, Node
 from apps.runs.choices import RunState
 from apps.runs.models import Run, RunEvent
 from apps.runs.selectors import event_row, run_events_recent
-from apps.telemetry.selectors import series_points
+from apps.telemetry.selectors import series_columns
 from detectors.types import ClusterWindow, NodeSeen, RunWindow, Series
 
 # The metrics the detectors read (thermal, power, oom_risk, input_bound, ...).
@@ -184,21 +184,18 @@ def _telemetry(
     if kept is not None:
         return telemetry_kept(names=names, metrics=metrics, now=now, kept=kept.telemetry)
     # decoded in Python: sealed (compacted) chunks keep their points encoded
-    series = series_points(
+    series = series_columns(
         node_ids=list(names),
         metric_ids=list(metrics),
         start=now - settings.ALERT_TELEMETRY_WINDOW_S,
         end=end,
         resolution=settings.ALERT_TELEMETRY_RESOLUTION_S,
-    )
+    ).columns()
     return [
         Series(
-            node=names[node_id],
-            metric=metrics[metric_id],
-            gpu=None if gpu < 0 else gpu,
-            points=tuple(points),
+            names[node_id], metrics[metric_id], None if gpu < 0 else gpu, times=ts, values=values
         )
-        for (node_id, metric_id, gpu), points in series.items()
+        for (node_id, metric_id, gpu), (ts, values) in series.items()
     ]
 
 
