@@ -58,7 +58,7 @@ class DemoPlay:
                 )
             )
         telemetry = tuple(
-            replace(s, points=tuple(p for p in s.points if now - TELEMETRY_S <= p[0] <= now))
+            with_points(s, [p for p in s.points if now - TELEMETRY_S <= p[0] <= now])
             for s in full.telemetry
         )
         seen: dict[str, float] = {}
@@ -99,7 +99,7 @@ def demo_play(
             for gone, new in zip(old.runs, window.runs, strict=True)
         ),
         telemetry=tuple(
-            replace(new, points=tuple((earlier(t), v) for t, v in gone.points) + new.points)
+            with_points(new, [(earlier(t), v) for t, v in gone.points] + list(new.points))
             for gone, new in _paired(old.telemetry, window.telemetry)
         ),
         events=tuple(replace(e, ts=earlier(e.ts)) for e in old.events) + window.events,
@@ -110,4 +110,9 @@ def demo_play(
 def _paired(old: tuple[Series, ...], new: tuple[Series, ...]) -> list[tuple[Series, Series]]:
     """Each new series with the earlier session's of the same key (or an empty one)."""
     by_key = {(s.node, s.gpu, s.metric): s for s in old}
-    return [(by_key.get((s.node, s.gpu, s.metric), replace(s, points=())), s) for s in new]
+    return [(by_key.get((s.node, s.gpu, s.metric), with_points(s, [])), s) for s in new]
+
+
+def with_points(series: Series, points: list[tuple[float, float]]) -> Series:
+    """The series with other points (a Series holds columns: no dataclasses.replace)."""
+    return Series(series.node, series.metric, series.gpu, points)
