@@ -61,6 +61,9 @@ class LedgerRowOut(Schema):
     straggler: int
     restarts: int
     rollbacks: int
+    gpu_hours_lost: float = Field(
+        description="its restarts' lost work and its root-caused incidents' GPU-hours"
+    )
 
 
 class GpuLedgerOut(LedgerRowOut):

@@ -27,7 +27,7 @@ from django.utils import timezone
 from apps.access.admin_scoping import ClusterScopedAdmin
 from apps.access.models import ClusterRole
 from apps.access.services import role_grant, user_token_issue
-from apps.alerts.models import Alert, ClusterDetectorConfig, WebhookEndpoint
+from apps.alerts.models import Alert, ClusterDetectorConfig, Incident, WebhookEndpoint
 from apps.audit.services import audit_record
 from apps.clusters.models import Node
 from apps.clusters.services import token_issue
@@ -45,7 +45,7 @@ REGISTERED = sorted(admin.site._registry, key=lambda model: model._meta.label)
 READ_BY = {
     "viewer": ["clusters.Cluster", "clusters.Node", "runs.Run", "runs.RunEvent",
                "telemetry.NodeHealth", "alerts.Alert", "alerts.ClusterDetectorConfig",
-               "commands.Command"],
+               "alerts.Incident", "commands.Command"],
     "admin": ["access.ClusterRole", "clusters.AgentToken", "audit.AuditEntry",
               "alerts.WebhookEndpoint", "ingest.QuarantinedBatch", "commands.AutoCordonPolicy"],
     "owner": ["access.UserToken"],
@@ -92,6 +92,8 @@ def cluster_objects(name: str) -> dict[str, Model]:
         Alert.objects.create(cluster=cluster, kind="straggler", subject=f"{name}-subject",
                              severity="warning", run=run, node=node, summary=f"{name} alert",
                              opened_at=now, last_seen_at=now),
+        Incident.objects.create(cluster=cluster, root_kind="xid", root_node=f"{name}-node",
+                                opened_at=now),
         WebhookEndpoint.objects.create(cluster=cluster, url=f"http://127.0.0.1:9/{name}"),
         ClusterDetectorConfig.objects.create(cluster=cluster),
         ClusterHooks.objects.create(cluster=cluster, cordon_argv=["true", name]),

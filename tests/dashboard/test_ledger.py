@@ -181,3 +181,34 @@ def test_it_names_a_repeat_offender_and_a_node_in_maintenance(viewer, fleet):
     # a critical finding from before its return makes no repeat offender
     Alert.objects.filter(node=fine, kind="thermal").update(opened_at=at(4 * DAY))
     assert viewer.get("/api/v1/nodes/node-02/ledger").json()["repeat"] == 0
+
+
+def test_gpu_hours_lost_are_its_restarts_lost_work_and_its_incidents(viewer, fleet):
+    """The badput split by culprit: the work its restarts lost since the last durable
+    checkpoint, and its root-caused incidents' GPU-hours, as their own API gives them."""
+    from apps.alerts.models import Incident
+
+    run = Run.objects.get(cluster=fleet, name="llama")
+    Run.objects.filter(pk=run.pk).update(world_size=8)
+    bad = Node.objects.get(cluster=fleet, name="node-01")
+    # the restart 10 min ago lost the 20 min since this save, on 8 GPUs
+    event(fleet, bad, "checkpoint", ago=30 * MIN, run=run, tier="durable", state="completed")
+    incident = Incident.objects.create(
+        cluster=fleet, state="resolved", root_kind="thermal", root_node="node-01", root_gpu=3,
+        opened_at=at(2 * DAY), resolved_at=at(DAY),
+    )  # fmt: skip
+    # its straggler cost 4 GPU-hours an hour for the day it was seen
+    Alert.objects.filter(kind="straggler").update(
+        incident=incident, evidence={"gpu_hours_lost_per_hour": 4.0}
+    )
+    incident_hours = viewer.get(f"/api/v1/incidents/{incident.pk}").json()["gpu_hours_lost"]
+    assert incident_hours == pytest.approx(96.0, abs=0.01)
+    week = viewer.get("/api/v1/nodes/node-01/ledger").json()
+    assert week["gpu_hours_lost"] == pytest.approx(8 * 20 / 60 + incident_hours, abs=0.01)
+    assert week["gpus"][0]["gpu_hours_lost"] == week["gpu_hours_lost"]  # all of it on GPU 3
+    fleet_api = viewer.get("/api/v1/ledger").json()
+    assert fleet_api["nodes"][0]["gpu_hours_lost"] == week["gpu_hours_lost"]
+    rows = list(csv.DictReader(io.StringIO(viewer.get("/fleet/ledger.csv").text)))
+    assert float(rows[0]["gpu_hours_lost"]) == week["gpu_hours_lost"]
+    page = viewer.get("/clusters/alpha/nodes/node-01/").content.decode()
+    assert f'<td data-col="gpu-hours">{week["gpu_hours_lost"]}</td>' in page

@@ -37,12 +37,13 @@ PAGES = {
     # a chunk probe and a read of the last minute's reports)
     "run": ("/clusters/{c}/runs/" + RUN + "/", 22),
     # + its commands, its runs and ranks, and (for an operator) its state once its node
-    # commands still issued are carried out (the buttons it offers), its ledger (4: its
-    # alerts, its XID and ECC events, the restarts it caused, its stays in maintenance)
-    "node": ("/clusters/{c}/nodes/node-00/", 24),
-    # session, user, the clusters; the ledger's 4 and its nodes, for this window and the one
-    # before (the trend)
-    "fleet": ("/fleet/?cluster={c}", 12),
+    # commands still issued are carried out (the buttons it offers), its ledger (6: its
+    # alerts, its XID and ECC events, the restarts it caused, its stays in maintenance, the
+    # incidents it is the root cause of and their alerts)
+    "node": ("/clusters/{c}/nodes/node-00/", 26),
+    # session, user, the clusters; the ledger's 6 and its nodes for this window, and for the
+    # one before (the trend) the same less the incidents' alerts (it roots none there)
+    "fleet": ("/fleet/?cluster={c}", 15),
     "alerts": ("/alerts/?cluster={c}", 5),
 }
 

@@ -17,11 +17,15 @@ What a ledger row counts, each from what the server already keeps:
   door of the newest critical alert of that run that was open when the job restarted, or had
   resolved within RESTART_CAUSE_S before; a restart caused by silent corruption (`sdc`) is a
   rollback (the job went back to a checkpoint from before the corruption).
+- `gpu_hours_lost`: the badput split by culprit. The work its restarts lost (since the
+  newest durable checkpoint before each, on every rank's GPU, as the run's reliability
+  report counts it), plus the GPU-hours of the incidents whose root cause it is (their
+  stragglers' and stalls' cost, as the incident's page and API give it).
 
 A row per GPU holds what named that GPU; the node's own row holds everything of the node,
-its GPUs included. The cost that ranks the fleet: repeat offences, then critical findings,
-then restarts, then throttled minutes. Reads are scoped to the clusters given (the caller's
-visible ones).
+its GPUs included. The cost that ranks the fleet: repeat offences, then GPU-hours lost, then
+critical findings, then restarts, then throttled minutes. Reads are scoped to the clusters
+given (the caller's visible ones).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 
+from apps.alerts.selectors.incidents import incident_gpu_hours_lost, incident_members
 from apps.clusters.models import Cluster, Node
 from apps.core.db_router import read_alias
 from apps.core.times import to_datetime
@@ -81,10 +86,20 @@ WHERE a.run_id = e.run_id AND a.severity = 'critical' AND a.node_id IS NOT NULL
 ORDER BY a.opened_at DESC, a.id DESC LIMIT 1
 """
 
+# The work a restart lost: since the newest durable checkpoint completed before it (else the
+# run's start), on every rank's GPU (the run's reliability report counts it the same way).
 _RESTARTS_SQL = f"""
-SELECT cause.node_id, cause.gpu, cause.kind
+SELECT cause.node_id, cause.gpu, cause.kind,
+       r.world_size * date_part('epoch', e.ts - COALESCE(saved.ts, r.created_at)) / 3600
 FROM runs_runevent e
+JOIN runs_run r ON r.id = e.run_id
 CROSS JOIN LATERAL ({RESTART_CAUSE}) cause
+LEFT JOIN LATERAL (
+  SELECT c.ts FROM runs_runevent c
+  WHERE c.run_id = e.run_id AND c.kind = 'checkpoint' AND c.ts <= e.ts
+    AND c.data ->> 'tier' = 'durable' AND c.data ->> 'state' = 'completed'
+  ORDER BY c.ts DESC LIMIT 1
+) saved ON true
 WHERE e.cluster_id = ANY(%(clusters)s) AND e.kind = 'restart' AND e.run_id IS NOT NULL
   AND (%(node)s::bigint IS NULL OR cause.node_id = %(node)s)
   AND e.ts >= %(since)s AND e.ts < %(now)s
@@ -106,6 +121,18 @@ WHERE v.cluster_id = ANY(%(clusters)s)
 GROUP BY 1
 """
 
+# The incidents whose root cause is the node (or its GPU) that were open in the window: their
+# GPU-hours lost (apps.alerts.selectors.incidents, the number their page and API give) are
+# the node's.
+_INCIDENTS_SQL = """
+SELECT i.id, n.id, i.root_gpu
+FROM alerts_incident i
+JOIN clusters_node n ON n.cluster_id = i.cluster_id AND n.name = i.root_node
+WHERE i.cluster_id = ANY(%(clusters)s) AND i.root_node <> ''
+  AND (%(node)s::bigint IS NULL OR n.id = %(node)s)
+  AND i.opened_at < %(now)s AND COALESCE(i.resolved_at, %(now)s) > %(since)s
+"""
+
 
 @dataclass
 class LedgerRow:
@@ -124,23 +151,24 @@ class LedgerRow:
     maintenance: int = 0
     repeat: int = 0
     in_maintenance: bool = False
+    gpu_hours_lost: float = 0.0
 
     @property
     def straggler(self) -> int:
         return self.findings.get("straggler", 0)
 
     @property
-    def cost(self) -> tuple[int, int, int, float, int]:
+    def cost(self) -> tuple[int, float, int, int, float, int]:
         """What ranks the fleet, costliest first when sorted in reverse."""
         throttled = self.thermal_s + self.power_s
-        return (self.repeat, self.critical, self.restarts, throttled, self.total)
+        lost = round(self.gpu_hours_lost, 4)
+        return (self.repeat, lost, self.critical, self.restarts, throttled, self.total)
 
     @property
     def noted(self) -> bool:
         """Whether anything is on the ledger (a node only in maintenance is)."""
-        return bool(self.total or self.xid or self.ecc or self.restarts or self.maintenance) or (
-            self.in_maintenance
-        )
+        noted = self.total or self.xid or self.ecc or self.restarts or self.maintenance
+        return bool(noted) or self.in_maintenance or self.gpu_hours_lost > 0
 
     @property
     def total(self) -> int:
@@ -160,6 +188,7 @@ class LedgerRow:
         self.maintenance += other.maintenance
         self.repeat += other.repeat
         self.in_maintenance |= other.in_maintenance
+        self.gpu_hours_lost += other.gpu_hours_lost
 
     def to_dict(self) -> dict[str, Any]:
         stays = {"maintenance": self.maintenance, "repeat": self.repeat}
@@ -177,6 +206,7 @@ class LedgerRow:
             "straggler": self.straggler,
             "restarts": self.restarts,
             "rollbacks": self.rollbacks,
+            "gpu_hours_lost": round(self.gpu_hours_lost, 4),
             **(stays | {"in_maintenance": self.in_maintenance} if self.gpu is None else {}),
         }
 
@@ -258,7 +288,7 @@ def ledger_csv_rows(fleet: dict[str, Any]) -> list[list[Any]]:
     """The fleet ledger as CSV rows: a header, then each node's row followed by its GPUs'."""
     header = ["cluster", "node", "gpu", "findings", "critical", "xid", "ecc_errors"]
     header += ["thermal_minutes", "power_minutes", "straggler", "restarts", "rollbacks"]
-    header += ["maintenance", "repeat"]
+    header += ["gpu_hours_lost", "maintenance", "repeat"]
     out: list[list[Any]] = [header]
     for node in fleet["nodes"]:
         for row in [node, *node["gpus"]]:
@@ -276,6 +306,7 @@ def ledger_csv_rows(fleet: dict[str, Any]) -> list[list[Any]]:
                     row["straggler"],
                     row["restarts"],
                     row["rollbacks"],
+                    row["gpu_hours_lost"],
                     row.get("maintenance", ""),
                     row.get("repeat", ""),
                 ]
@@ -332,12 +363,18 @@ def _rows(cluster_ids: list[int], days: int, now: float, *, node_id: int | None)
             elif kind == "ecc":
                 entry.ecc += int(errors)
         cursor.execute(_RESTARTS_SQL, params)
-        for node, gpu, kind in cursor.fetchall():
+        for node, gpu, kind, lost in cursor.fetchall():
             entry = row(node, gpu)
             entry.restarts += 1
             entry.rollbacks += kind == "sdc"
+            entry.gpu_hours_lost += max(0.0, lost or 0.0)
         cursor.execute(_VISITS_SQL, params)
         for node, sent, repeat, staying in cursor.fetchall():
             entry = row(node, None)
             entry.maintenance, entry.repeat, entry.in_maintenance = sent, repeat, staying
+        cursor.execute(_INCIDENTS_SQL, params)
+        rooted = cursor.fetchall()
+    members = incident_members(incident_ids=[incident for incident, _, _ in rooted])
+    for incident, node, gpu in rooted:
+        row(node, gpu).gpu_hours_lost += incident_gpu_hours_lost(members.get(incident, []))
     return list(found.values())
