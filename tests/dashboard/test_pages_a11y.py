@@ -5,7 +5,8 @@ no page is wider than the viewport (a wide table scrolls in its own box or wraps
 The pages are the named URL patterns outside the API and the admin, found at test time, so a
 page added later is checked without touching this file; one whose URL takes an argument not
 in PAGE_ARGS fails the test until a value is added there. Patterns that refuse GET (405:
-acknowledge, log out) and the charts' CSV/JSON exports are not pages.
+acknowledge, log out) and the exports (the charts' and the ledger's CSV/JSON, a run report's
+Markdown) are not pages.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def page_urls(values: dict[str, object]) -> dict[str, str]:
     """URL of every page candidate, by URL name."""
     urls = {}
     for name, route, args in named_patterns():
-        if route.startswith(NOT_PAGES) or name.endswith(("-json", "-csv")):
+        if route.startswith(NOT_PAGES) or name.endswith(("-json", "-csv", "-md")):
             continue
         given = {**values, **PAGE_ARGS_BY_NAME.get(name, {})}
         missing = set(args) - set(given)

@@ -21,8 +21,6 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from apps.access.choices import Action
-from apps.access.selectors import user_may
 from apps.access.services import attempt_hidden_record
 from apps.alerts.choices import (
     OPEN_STATES,
@@ -48,6 +46,7 @@ from apps.alerts.services.ageing import (
     alerts_age,
 )
 from apps.alerts.services.announce import alerts_announce
+from apps.alerts.services.authorize import alert_act_authorize
 from apps.alerts.services.incidents import incidents_fold
 from apps.alerts.services.periodic import pass_lock, periodic_skip_count
 from apps.alerts.services.retention import AlertsPruned, alerts_prune
@@ -216,13 +215,9 @@ def alert_acknowledge_authorize(
 ) -> bool:
     """Whether the user may acknowledge the alert (operate on its cluster); a refusal is
     recorded in the audit log (an allowed attempt is recorded by alert_acknowledge)."""
-    if user_may(user=user, cluster=alert.cluster, action=Action.OPERATE):
-        return True
-    audit_record(
-        action=AuditAction.ALERT_ACKNOWLEDGE, outcome=Outcome.DENIED, actor_user=user,
-        cluster=alert.cluster, target=f"alert:{alert.pk}", reason=note, request=request,
-    )  # fmt: skip
-    return False
+    return alert_act_authorize(
+        user=user, alert=alert, action=AuditAction.ALERT_ACKNOWLEDGE, reason=note, request=request
+    )
 
 
 def alert_acknowledge_hidden(*, user: Any, alert_id: int, request: Any = None) -> None:

@@ -13,11 +13,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.access.choices import Action
-from apps.access.selectors import user_may
 from apps.alerts.choices import AlertEvent, AlertState
 from apps.alerts.models import Alert
 from apps.alerts.services.announce import alerts_announce
+from apps.alerts.services.authorize import alert_act_authorize
 from apps.audit.choices import AuditAction, Outcome
 from apps.audit.services import audit_record
 from apps.clusters.models import Cluster
@@ -67,13 +66,9 @@ def alerts_age(*, now: datetime | None = None) -> int:
 
 def alert_silence_authorize(*, user: Any, alert: Alert, reason: str, request: Any = None) -> bool:
     """Whether the user may silence the alert (operate on its cluster); a refusal is audited."""
-    if user_may(user=user, cluster=alert.cluster, action=Action.OPERATE):
-        return True
-    audit_record(
-        action=AuditAction.ALERT_SILENCE, outcome=Outcome.DENIED, actor_user=user,
-        cluster=alert.cluster, target=f"alert:{alert.pk}", reason=reason, request=request,
-    )  # fmt: skip
-    return False
+    return alert_act_authorize(
+        user=user, alert=alert, action=AuditAction.ALERT_SILENCE, reason=reason, request=request
+    )
 
 
 def alert_silence(

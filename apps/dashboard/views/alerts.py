@@ -85,10 +85,7 @@ def alert_ack(request: HttpRequest, alert_id: int) -> HttpResponse:
         messages.success(request, f"Alert {alert_id} acknowledged.")
     except (AlertResolved, AlertAlreadyAcknowledged) as error:
         messages.warning(request, f"Alert {alert_id} not acknowledged: {error}")
-    back = request.POST.get("next", "")
-    if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
-        back = "/alerts/"
-    return redirect(back)
+    return _back(request)
 
 
 @login_required
@@ -114,10 +111,7 @@ def alert_silence_form(request: HttpRequest, alert_id: int) -> HttpResponse:
             messages.success(request, f"Alert {alert_id} silenced for {minutes} min.")
         except AlertNotFiring as error:
             messages.warning(request, f"Alert {alert_id} not silenced: {error}")
-    back = request.POST.get("next", "")
-    if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
-        back = "/alerts/"
-    return redirect(back)
+    return _back(request)
 
 
 @login_required
@@ -180,3 +174,11 @@ def rank_url(alert: Alert, rank: int, span: dict[str, Any]) -> str:
 
 def _with(url: str, query: dict[str, Any]) -> str:
     return f"{url}?{urlencode(query)}"
+
+
+def _back(request: HttpRequest) -> HttpResponse:
+    """Back to the page the form was posted from (`next`, this site's only), else the list."""
+    back = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+        back = "/alerts/"
+    return redirect(back)
