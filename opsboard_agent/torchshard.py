@@ -213,7 +213,8 @@ def canary_view(
     if fsdp1:
         root = model.submod if _stage(model) is not None else model
         if root is not fsdp1[0]:
-            raise NotImplementedError("the canary of FSDP1 needs the root wrapper passed")
+            # a caller's mistake, not a layout left out: FSDP1's probe runs through its root
+            raise ValueError("the canary of FSDP1 needs the root wrapper passed")
         with fsdp1_probe(root, fsdp1) as flat:
             yield flat, loss_fn
         return

@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from apps.access.selectors import clusters_visible
+from apps.access.selectors import clusters_readable
 from apps.core.db_router import replica_reads
 from apps.core.errors import error_response
 from apps.dashboard.selectors.ledger import (
@@ -33,10 +33,9 @@ def fleet_page(request: HttpRequest, fmt: str = "html") -> HttpResponse:
     days = days_valid(request.GET.get("days"))
     if days is None:
         return error_response(400, [{"loc": "days", "msg": DAYS_KEPT}])
-    clusters = clusters_visible(user=request.user)
-    if cluster := request.GET.get("cluster", ""):
-        clusters = clusters.filter(name=cluster)
-    fleet = fleet_ledger_json(clusters=list(clusters), days=days, now=time.time())
+    cluster = request.GET.get("cluster", "")
+    clusters = list(clusters_readable(request, cluster or None))  # as GET /api/v1/ledger
+    fleet = fleet_ledger_json(clusters=clusters, days=days, now=time.time())
     if fmt == "json":
         return HttpResponse(orjson.dumps(fleet), content_type="application/json")
     if fmt == "csv":
