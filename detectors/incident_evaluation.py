@@ -2,9 +2,11 @@
 
 For every injected fault exactly one incident should open with the right root cause: its
 root of a kind that finds the fault (detectors.evaluation.EXPECTED) naming the fault's
-subject. Two faults at once stay two incidents: an incident holding the finding alerts of
-two faults is a false fold, and so, on a fault-free run, is any incident that folded more
-than one alert (nothing there shares a cause).
+subject, and no other incident rooted at one of the fault's consequences (a straggler at
+the throttled GPU's rank opened as an incident of its own splits the fault in two). Two
+faults at once stay two incidents: an incident holding the finding alerts of two faults is
+a false fold, and so, on a fault-free run, is any incident that folded more than one alert
+(nothing there shares a cause).
 
 Pure: incidents are plain `IncidentRecord`s, their alerts the evaluation's `AlertRecord`s.
 """
@@ -33,7 +35,8 @@ class IncidentRecord:
 class FoldScore:
     label: str
     incidents: int  # incidents opened with a root that finds the fault
-    right: bool  # exactly one
+    right: bool  # exactly one, and no incident rooted at a consequence of the fault
+    split: int = 0  # incidents rooted at a consequence of the fault, not folded under it
 
 
 @dataclass(frozen=True)
@@ -69,14 +72,26 @@ def _finds(fault: Mapping[str, Any], alert: AlertRecord) -> bool:
     )
 
 
+def _follows(fault: Mapping[str, Any], root: AlertRecord) -> bool:
+    """The root is one of the fault's consequences (EXPECTED's), opened after the fault
+    began, in its run, contradicting none of its subject's fields."""
+    return (
+        root.opened_at >= fault["start_ts"] - CLOCK_SLACK_S
+        and root.kind in EXPECTED[fault["fault"]].consequences
+        and names_subject(root, fault["subject"], "run")
+    )
+
+
 def score_folding(scenario: Mapping[str, Any], incidents: Iterable[IncidentRecord]) -> FoldingScore:
     """How the scenario's incidents folded its faults (module docstring)."""
     incidents = list(incidents)
     faults = [f for f in scenario.get("faults", []) if EXPECTED[f["fault"]].kinds]
     scores = []
     for fault in faults:
-        rooted = [i for i in incidents if i.root_kind and _finds(fault, _root_as_alert(i))]
-        scores.append(FoldScore(fault_label(fault), len(rooted), len(rooted) == 1))
+        roots = [_root_as_alert(i) for i in incidents if i.root_kind]
+        rooted = sum(_finds(fault, root) for root in roots)
+        split = sum(_follows(fault, root) for root in roots)
+        scores.append(FoldScore(fault_label(fault), rooted, rooted == 1 and not split, split))
     false_folds = 0
     for incident in incidents:
         if not faults:
@@ -95,6 +110,7 @@ class FoldRow:
     scenarios: int
     right: int
     false_folds: int
+    split: int = 0  # consequences opened as incidents of their own
 
 
 def summarize_folding(scored: Sequence[FoldingScore]) -> list[FoldRow]:
@@ -115,18 +131,21 @@ def summarize_folding(scored: Sequence[FoldingScore]) -> list[FoldRow]:
                 seen.add(id(score))
                 folds += score.false_folds
         right = sum(1 for fault, _ in items if fault is not None and fault.right)
-        rows.append(FoldRow(label, len(items), right, folds))
+        split = sum(fault.split for fault, _ in items if fault is not None)
+        rows.append(FoldRow(label, len(items), right, folds, split))
     return sorted(rows, key=lambda row: (row.label == "clean", row.label))
 
 
 def format_folding(rows: Sequence[FoldRow]) -> str:
     """A Markdown table: per fault, the runs where exactly one incident opened with the
-    right root cause, and the false folds."""
+    right root cause, the false folds, and the consequences split off as incidents of their own."""
     lines = [
-        "| fault | runs | one incident, right root | false folds |",
-        "|---|---|---|---|",
+        "| fault | faults (clean: runs) | one incident, right root | false folds | split off |",
+        "|---|---|---|---|---|",
     ]
     for row in rows:
         right = "—" if row.label == "clean" else f"{row.right}/{row.scenarios}"
-        lines.append(f"| {row.label} | {row.scenarios} | {right} | {row.false_folds} |")
+        lines.append(
+            f"| {row.label} | {row.scenarios} | {right} | {row.false_folds} | {row.split} |"
+        )
     return "\n".join(lines)

@@ -121,8 +121,9 @@ def node_ledger_read(request: HttpRequest, name: str, query: Query[LedgerQuery])
 @replica_reads
 def run_report_read(request: HttpRequest, name: str, query: Query[ClusterQuery]):
     """The run's reliability report (docs/operations.md): goodput and badput, interruptions
-    by root cause with the GPU-hours each lost since its last durable checkpoint, checkpoint
-    cadence against Young/Daly's optimum, and the nodes that cost it most."""
+    by root cause with the GPU-hours each lost since its last durable checkpoint, its
+    incidents by root cause with the GPU-hours they lost, checkpoint cadence against
+    Young/Daly's optimum, and the nodes that cost it most."""
     run = run_get(name=name, **request_cluster_filter(request, query.cluster))
     if run is None:  # as GET /api/v1/runs/NAME answers
         raise FieldError(404, "name", "no such run")

@@ -11,6 +11,7 @@ urlpatterns = [
     path("alerts/<int:alert_id>/ack", alerts.alert_ack, name="alert-ack"),
     path("alerts/<int:alert_id>/silence", alerts.alert_silence_form, name="alert-silence"),
     path("alerts/<int:alert_id>/", alerts.alert_detail, name="alert-detail"),
+    path("incidents/", incidents.incidents_page, name="incidents"),
     path("incidents/<int:incident_id>/ack", incidents.incident_ack, name="incident-ack"),
     path("incidents/<int:incident_id>/", incidents.incident_detail, name="incident-detail"),
     path("fleet/", fleet.fleet_page, name="fleet"),

@@ -45,6 +45,8 @@ PAGES = {
     # one before (the trend) the same less the incidents' alerts (it roots none there)
     "fleet": ("/fleet/?cluster={c}", 15),
     "alerts": ("/alerts/?cluster={c}", 5),
+    # session, user, the clusters; the incidents (one per XID here) and all their alerts
+    "incidents": ("/incidents/?cluster={c}", 5),
 }
 
 

@@ -12,6 +12,7 @@ from django.test import Client
 
 from apps.access.models import ClusterRole
 from apps.alerts.models import Alert
+from apps.alerts.services.incidents import incidents_fold
 from apps.clusters.models import Cluster, Node
 from apps.runs.models import Run, RunEvent
 
@@ -52,6 +53,18 @@ def viewer():
     )  # fmt: skip
     event("restart", START + 2901)
     event("restart", START + 6000)  # no critical alert near it: unattributed
+    # after both restarts: GPU 2 of node-01 runs hot and its rank (2) straggles, every rank
+    # waiting for it (8 GPU-hours an hour) for the last 30 minutes: one incident
+    hot = dict(cluster=cluster, node=node1, run=run, gpu=2, severity="warning", state="firing")
+    Alert.objects.create(
+        **hot, kind="thermal", subject="node:node-01/gpu:2", summary="GPU 2 of node-01 at 91 °C",
+        opened_at=at(NOW - 1860), last_seen_at=at(NOW),
+    )  # fmt: skip
+    Alert.objects.create(
+        **hot, kind="straggler", rank=2, subject="run:llama/rank:2", summary="rank 2 is slow",
+        evidence={"gpu_hours_lost_per_hour": 8.0}, opened_at=at(NOW - 1800), last_seen_at=at(NOW),
+    )  # fmt: skip
+    incidents_fold(cluster=cluster, at=at(NOW))
     other = Cluster.objects.create(name="other")
     Run.objects.create(cluster=other, name="hidden")
     user = get_user_model().objects.create_user("viewer")
@@ -83,6 +96,15 @@ def test_it_lays_each_interruption_at_its_cause_with_the_work_it_lost(viewer):
     optimal = math.sqrt(2 * 30 * cadence["mtbf_s"]) - 30  # Daly: √(2δM) − δ
     assert cadence["optimal_interval_s"] == pytest.approx(optimal, abs=1)
     assert cadence["advice"].startswith("checkpoint more often")
+    # the heat and its straggler: one incident rooted at the GPU, costing what the API says
+    (heat,) = report["incidents"]
+    incident = viewer.get(f"/api/v1/incidents/{heat['ids'][0]}").json()
+    assert incident["root_cause"] == {"kind": "thermal", "node": "node-01", "gpu": 2, "rank": None}
+    assert len(incident["alerts"]) == 2 and incident["gpu_hours_lost"] == pytest.approx(4.0)
+    assert heat == {
+        "root_cause": "thermal", "incidents": 1, "open": 1,
+        "gpu_hours_lost": incident["gpu_hours_lost"], "ids": [incident["id"]],
+    }  # fmt: skip
 
 
 def test_the_page_and_its_exports_say_what_the_api_says(viewer):
@@ -98,6 +120,12 @@ def test_the_page_and_its_exports_say_what_the_api_says(viewer):
     markdown = viewer.get("/clusters/alpha/runs/llama/report.md").content.decode()
     assert f"| xid 79: GPU has fallen off the bus | 1 | 50% | {lost:.2f} |" in markdown
     assert f"| node-02 | 1 | {lost:.2f} |" in markdown
+    (heat,) = api["incidents"]
+    assert '<tr data-root="thermal"><td>thermal</td><td data-col="incidents">1</td>' in page
+    assert f'<td data-col="lost">{heat["gpu_hours_lost"]}</td>' in page
+    assert f'href="/incidents/{heat["ids"][0]}/"' in page
+    line = f"| thermal | 1 | 1 | {heat['gpu_hours_lost']:.2f} | #{heat['ids'][0]} |"
+    assert line in markdown
     assert "report/" in viewer.get("/clusters/alpha/runs/llama/").content.decode()
 
 

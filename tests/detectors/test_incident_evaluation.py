@@ -44,7 +44,27 @@ def test_a_thermal_fault_folded_with_its_straggler_under_the_heat_is_right():
     assert score.false_folds == 0
 
 
-def test_a_straggler_incident_beside_the_heats_is_two_incidents_not_one():
+def test_the_heats_straggler_opened_as_its_own_incident_splits_the_fault():
+    score = score_folding(
+        {"faults": [THERMAL]},
+        [rooted("thermal", hot(), node="node-02", gpu=3),
+         rooted("straggler", slow(), node="node-02", gpu=3, rank=3)],
+    )  # fmt: skip
+    assert [(f.incidents, f.split, f.right) for f in score.faults] == [(1, 1, False)]
+    assert "| thermal | 1 | 0/1 | 0 | 1 |" in format_folding(summarize_folding([score]))
+
+
+def test_a_straggler_on_another_gpu_is_no_split_of_the_heat():
+    elsewhere = AlertRecord("straggler", "run:run-1/rank:9", T0 + 30, "run-1", "node-03", 9, 1)
+    score = score_folding(
+        {"faults": [THERMAL]},
+        [rooted("thermal", hot(), node="node-02", gpu=3),
+         rooted("straggler", elsewhere, node="node-03", gpu=1, rank=9)],
+    )  # fmt: skip
+    assert [(f.split, f.right) for f in score.faults] == [(0, True)]
+
+
+def test_two_thermal_incidents_for_one_heat_are_two_not_one():
     score = score_folding(
         {"faults": [THERMAL]},
         [rooted("thermal", hot(), node="node-02", gpu=3), rooted("thermal", hot(T0 + 90),
@@ -73,5 +93,5 @@ def test_on_a_clean_run_any_folded_pair_is_a_false_fold_and_the_table_says_so():
     right = score_folding({"faults": [THERMAL]}, [rooted("thermal", hot(), node="node-02", gpu=3)])
     assert clean.false_folds == 1
     table = format_folding(summarize_folding([right, clean]))
-    assert "| thermal | 1 | 1/1 | 0 |" in table
-    assert "| clean | 1 | — | 1 |" in table
+    assert "| thermal | 1 | 1/1 | 0 | 0 |" in table
+    assert "| clean | 1 | — | 1 | 0 |" in table

@@ -51,6 +51,29 @@ def test_simulated_and_real_faults_are_found_and_named_and_a_clean_run_raises_no
     assert not Alert.objects.filter(cluster__name=clean.cluster).exists()
 
 
+def test_two_faults_at_once_on_two_nodes_stay_two_incidents(live_stack, live_db, tmp_path):
+    # A GPU of node 0 throttles while a rank of node 1 computes wrong gradients (canary).
+    (spec,) = scenario_specs(labels=["thermal + sdc"], seeds=(1,), levels=(0.1,), clean_s=0)
+    assert len(spec.faults) == 2
+    (result,) = evaluation_run(
+        specs=[spec], server=live_stack.url, workdir=tmp_path, log=lambda _: None
+    )
+    assert [(f.fault, f.found, f.culprit_right) for f in result.score.faults] == [
+        ("thermal", True, True),
+        ("sdc", True, True),
+    ]
+    assert result.score.false_alarms == ()
+    folding = result.folding
+    assert folding is not None and folding.false_folds == 0
+    assert [(f.incidents, f.split, f.right) for f in folding.faults] == [(1, 0, True)] * 2
+    # the heat's straggler folded under it: one incident holds both
+    hot = Alert.objects.get(cluster__name=result.cluster, kind="thermal")
+    slow = Alert.objects.filter(cluster__name=result.cluster, kind="straggler")
+    assert slow.exists() and {a.incident_id for a in slow} == {hot.incident_id}
+    wrong = Alert.objects.get(cluster__name=result.cluster, kind="sdc")
+    assert wrong.incident_id not in (None, hot.incident_id)
+
+
 def test_the_command_prints_the_table(live_stack, live_db, tmp_path):
     out = StringIO()
     call_command(
@@ -65,7 +88,7 @@ def test_the_command_prints_the_table(live_stack, live_db, tmp_path):
     assert "| xid | 1 | 1/1 | 1/1 | 0 | 0 | 0 s | 0 s |" in printed
     # the XID's alerts fold into one incident rooted at the XID, nothing folded wrongly
     assert "#### Incidents, noise CV 30 %: one per fault" in printed
-    assert "| xid | 1 | 1/1 | 0 |" in printed
+    assert "| xid | 1 | 1/1 | 0 | 0 |" in printed
 
     # The stored scenario judged again from scratch (as after a detector change): the same
     # table, and its alert was replaced, not added to.

@@ -104,7 +104,7 @@ def incident_list(
 ) -> list[Incident]:
     """Incidents newest first (of the `visible` clusters only, when given). `run` and `node`
     keep the incidents with an alert of that run or on that node, or rooted at that node."""
-    found: QuerySet[Incident] = Incident.objects.all()
+    found: QuerySet[Incident] = Incident.objects.select_related("cluster")
     if visible is not None:
         found = found.filter(cluster__in=visible)
     if cluster is not None:

@@ -10,6 +10,9 @@ ended (an ended run's report no longer changes); the page, its JSON and Markdown
   alert the ledger lays it at (selectors.ledger.RESTART_CAUSE), or none ("unattributed").
 - Work lost: from the newest durable checkpoint completed before the restart (else the
   run's start) to the restart, on every rank's GPU: `ranks × lost_s / 3600` GPU-hours.
+- Incidents by root cause: the run's incidents (those with an alert of the run), grouped
+  by their root's kind ("unknown" where the root is), with the GPU-hours each lost so far
+  (selectors.incidents.incident_gpu_hours_lost: the incident page's and API's figure).
 - Young/Daly: with δ the median blocking save (a local save's start to end) and M the mean
   time between interruptions (the run's wall time over their count), the interval that
   loses least is τ = √(2δM) − δ (Daly's first-order form); none without an interruption.
@@ -25,6 +28,11 @@ from typing import Any
 
 from django.db import connections
 
+from apps.alerts.selectors.incidents import (
+    incident_gpu_hours_lost,
+    incident_list,
+    incident_members,
+)
 from apps.core.db_router import read_alias
 from apps.core.times import to_datetime, to_seconds
 from apps.dashboard.selectors.ledger import RESTART_CAUSE, RESTART_CAUSE_S
@@ -73,6 +81,7 @@ def run_report(*, run: Run, now: float | None = None) -> dict[str, Any]:
         "goodput": summary["goodput"],
         "interruptions": interruptions,
         "by_cause": _by_cause(interruptions),
+        "incidents": _incidents(run),
         "checkpoints": _cadence(events, len(interruptions), started, end),
         "nodes": _nodes(interruptions),
     }
@@ -137,6 +146,31 @@ def _by_cause(interruptions: list[dict]) -> list[dict]:
         for label, lost in counts.items()
     ]
     return sorted(rows, key=lambda row: (-row["interruptions"], row["cause"]))
+
+
+def _incidents(run: Run) -> list[dict]:
+    """The run's incidents by root cause: count, still open, GPU-hours lost, their ids."""
+    incidents = incident_list(cluster=run.cluster, run=run.name)
+    members = incident_members(incident_ids=[i.pk for i in incidents])
+    groups: dict[str, list[tuple[int, bool, float]]] = defaultdict(list)
+    for incident in incidents:
+        lost = incident_gpu_hours_lost(members.get(incident.pk, []))
+        groups[incident.root_kind or "unknown"].append(
+            (incident.pk, incident.state == "open", lost)
+        )
+    rows = [
+        {
+            "root_cause": kind,
+            "incidents": len(items),
+            "open": sum(is_open for _, is_open, _ in items),
+            "gpu_hours_lost": round(sum(lost for *_, lost in items), 4),
+            "ids": sorted(pk for pk, *_ in items),
+        }
+        for kind, items in groups.items()
+    ]
+    return sorted(
+        rows, key=lambda row: (-row["gpu_hours_lost"], -row["incidents"], row["root_cause"])
+    )
 
 
 def _nodes(interruptions: list[dict]) -> list[dict]:

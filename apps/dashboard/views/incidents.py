@@ -1,4 +1,5 @@
-"""One incident's page (its root cause or the candidates, the symptoms it folded, its
+"""The incidents page (filtered like `GET /api/v1/incidents`, with the same objects), one
+incident's page (its root cause or the candidates, the symptoms it folded, its
 timeline, the GPU-hours it lost, and the actions that fit: cordon or drain its node,
 checkpoint its run now), and acknowledging it with its symptoms."""
 
@@ -19,7 +20,9 @@ from apps.alerts.choices import IncidentState
 from apps.alerts.selectors.incidents import (
     incident_get,
     incident_gpu_hours_lost,
+    incident_list,
     incident_members,
+    incidents_json,
     root_cause_json,
 )
 from apps.alerts.services.incidents import (
@@ -40,6 +43,49 @@ from apps.dashboard.selectors.incidents import (
     incident_timeline,
 )
 from apps.dashboard.views.common import live_config
+
+INCIDENT_FILTERS = ("cluster", "state", "run", "node")
+
+
+@login_required
+@require_GET
+@replica_reads
+def incidents_page(request: HttpRequest) -> HttpResponse:
+    """Newest first, of the clusters the user holds a role in: each row the API's incident
+    object (so its GPU-hours are the API's), with its cluster."""
+    filters = {name: request.GET.get(name, "").strip()[:255] for name in INCIDENT_FILTERS}
+    clusters = list(clusters_visible(user=request.user).order_by("name"))
+    cluster = next((c for c in clusters if c.name == filters["cluster"]), None)
+    if filters["cluster"] and cluster is None:
+        raise Http404("no such cluster")
+    if filters["state"] not in ("", *IncidentState.values):
+        filters["state"] = ""
+    incidents = incident_list(
+        cluster=cluster,
+        visible=clusters_visible(user=request.user),
+        state=filters["state"] or None,
+        run=filters["run"] or None,
+        node=filters["node"] or None,
+    )
+    rows = [
+        {
+            **body,
+            "cluster": incident.cluster.name,
+            # the page's <time> elements want datetimes; the API's epoch seconds are these
+            "opened_time": incident.opened_at,
+            "resolved_time": incident.resolved_at,
+        }
+        for incident, body in zip(incidents, incidents_json(incidents), strict=True)
+    ]
+    watched = [cluster.name] if cluster else [c.name for c in clusters]
+    context = {
+        "incidents": rows,
+        "filters": filters,
+        "clusters": clusters,
+        "states": IncidentState.values,
+        "live": live_config(watched) if watched else None,
+    }
+    return render(request, "dashboard/incidents.html", context)
 
 
 @login_required

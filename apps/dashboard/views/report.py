@@ -69,6 +69,19 @@ def report_markdown(report: dict) -> str:
         )
     if not report["by_cause"]:
         lines.append("| none | 0 | — | 0.00 |")
+    lines += ["", "## Incidents by root cause", ""]
+    lines += [
+        "| root cause | incidents | open | GPU-hours lost | incidents |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for row in report["incidents"]:
+        ids = ", ".join(f"#{pk}" for pk in row["ids"])
+        lines.append(
+            f"| {row['root_cause']} | {row['incidents']} | {row['open']} "
+            f"| {row['gpu_hours_lost']:.2f} | {ids} |"
+        )
+    if not report["incidents"]:
+        lines.append("| none | 0 | 0 | 0.00 | — |")
     lines += ["", "## Interruptions", ""]
     lines += ["| at | cause | node | since durable checkpoint | GPU-hours lost |"]
     lines += ["|---|---|---|---|---:|"]

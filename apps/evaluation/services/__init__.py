@@ -28,6 +28,7 @@ from apps.evaluation.services.ddp import ddp_train as ddp_train
 from apps.evaluation.services.scenarios import (
     EARLIER_SUFFIX,
     FAULTS,
+    LABELS,
     NOISE_LEVELS,
     ScenarioSpec,
     demo_specs,
@@ -53,6 +54,7 @@ __all__ = [
     "DDP_COMPUTE",
     "DDP_JOBS",
     "FAULTS",
+    "LABELS",
     "NOISE_LEVELS",
     "ScenarioResult",
     "ScenarioSpec",

@@ -56,6 +56,30 @@ FAULTS: dict[str, tuple[Callable[[int], str], float]] = {
     "resume": (lambda s: f"resume:at={150 + 10 * s},down=30,event={s % 2}", 330),
 }
 
+# Two independent faults at once, on different nodes: they must stay two incidents (issue
+# 29). A GPU of node 0 throttles while a rank of node 1 computes wrong gradients; per label:
+# (the --fault specs for seed s, simulated seconds to play).
+TOGETHER: dict[str, tuple[Callable[[int], tuple[str, ...]], float]] = {
+    "thermal + sdc": (
+        lambda s: (
+            f"thermal:node=0,gpu={(3 * s + 1) % 8},at={50 + 10 * s}",
+            f"sdc:rank={8 + (3 * s + 2) % 8},mode=canary,at={60 + 10 * s}",
+        ),
+        300,
+    ),
+}
+LABELS = [*FAULTS, *TOGETHER]  # what `make evaluate --fault` may name
+
+
+def faults_of(label: str, seed: int) -> tuple[tuple[str, ...], float]:
+    """The --fault specs of a fault label (or of a TOGETHER pair) for `seed`, and the
+    simulated seconds to play."""
+    if label in TOGETHER:
+        specs, duration = TOGETHER[label]
+        return specs(seed), duration
+    spec, duration = FAULTS[label]
+    return (spec(seed),), duration
+
 
 # `make demo`'s cluster and simulator (launcher.stack.simulator_command): 8 nodes × 8 GPUs,
 # two runs, seed 1, a sample a second, CV 10 % with spikes, DEMO_FAULTS, judged over its
@@ -105,23 +129,25 @@ def scenario_specs(
     step_s: float = STEP_S,
     clean_step_s: float = CLEAN_STEP_S,
 ) -> list[ScenarioSpec]:
-    """Every fault label (or `labels`) × `seeds` × noise `levels` (spikes on unless
-    `spikes` is False), plus one clean run of `clean_s` seconds per level (none when 0)."""
+    """Every fault label and pair (or `labels`) × `seeds` × noise `levels` (spikes on
+    unless `spikes` is False), plus one clean run of `clean_s` seconds per level (none
+    when 0). A pair's faults are counted in a row of its own (its label)."""
     specs = [
         ScenarioSpec(
-            f"{label.replace('/', '-')}-s{seed}-{level_name(cv)}",
-            (spec(seed),),
+            f"{label.replace('/', '-').replace(' + ', '-and-')}-s{seed}-{level_name(cv)}",
+            faults,
             seed,
             duration,
             speed,
             noise_cv=cv,
             spikes=spikes,
             step_s=step_s,
+            label=label if label in TOGETHER else "",
         )
         for cv in levels
-        for label in labels or list(FAULTS)
-        for spec, duration in [FAULTS[label]]
+        for label in labels or LABELS
         for seed in seeds
+        for faults, duration in [faults_of(label, seed)]
     ]
     if clean_s:
         specs += [
