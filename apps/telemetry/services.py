@@ -29,10 +29,10 @@ from django.db import connection, transaction
 from apps.core.codec import floats_decode, floats_encode, ints_decode, ints_encode
 from apps.core.db import server_cursor
 from apps.core.times import to_datetime
+from apps.telemetry.arrays import arrays_as_numpy
 from apps.telemetry.changes import samples_mark_changed
 from apps.telemetry.chunk_copy import SeriesRanges, chunk_rows_binary
 from apps.telemetry.columns import SampleColumns, columns_from_dicts
-from apps.telemetry.selectors import arrays_as_numpy
 
 CHUNK_COLUMNS = "(node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, offsets_ms, vals)"
 COMPACT_LOCK_KEY = 0x0B5C0

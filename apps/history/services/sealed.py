@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from apps.telemetry.selectors import arrays_as_numpy, chunk_arrays
+from apps.telemetry.arrays import arrays_as_numpy
+from apps.telemetry.selectors import chunk_arrays
 
 # The same chunks, and the same epoch-ms arithmetic, as the rollup statement's `chunks`.
 _ISLAND_CHUNKS_SQL = """

@@ -1,0 +1,57 @@
+"""Postgres int4[] and float8[] columns fetched in binary, loaded as numpy arrays: the
+chunk reads of a window, the compaction and the sealed-history export read millions of
+points, which psycopg's own loaders would make into as many Python numbers."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import psycopg
+from psycopg import postgres
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
+from psycopg.pq import Format
+
+
+class _ArrayLoader(Loader):
+    """A one-dimensional int4[] or float8[] fetched in binary, as a numpy array: psycopg's
+    own loader makes a Python int or float of every element (a window's read made millions,
+    and the churn left the periodic worker's heap fragmented: docs/faults.md, 10)."""
+
+    format = Format.BINARY
+    element: np.dtype  # big-endian, as Postgres sends it
+    native: type
+
+    def load(self, data: Buffer) -> np.ndarray:
+        # array_send: ndim, has-nulls flag, element oid, then (size, lower bound) per
+        # dimension, then each element as (length, bytes)
+        ndim, has_nulls = _ARRAY_HEAD.unpack_from(data)
+        if ndim == 0:
+            return np.empty(0, dtype=self.native)
+        if ndim != 1 or has_nulls:
+            raise ValueError("only one-dimensional arrays without NULLs load as numpy")
+        (size,) = _INT4.unpack_from(data, 12)
+        items = np.frombuffer(data, dtype=self.element, count=size, offset=20)
+        return items["value"].astype(self.native)
+
+
+class _Int4ArrayLoader(_ArrayLoader):
+    element = np.dtype([("length", ">i4"), ("value", ">i4")])
+    native = np.int64
+
+
+class _Float8ArrayLoader(_ArrayLoader):
+    element = np.dtype([("length", ">i4"), ("value", ">f8")])
+    native = np.float64
+
+
+_ARRAY_HEAD = struct.Struct("!ii")
+_INT4 = struct.Struct("!i")
+
+
+def arrays_as_numpy(cursor: psycopg.Cursor) -> psycopg.Cursor:
+    """`cursor`, loading int4[] and float8[] columns fetched in binary as numpy arrays."""
+    cursor.adapters.register_loader(postgres.types["int4"].array_oid, _Int4ArrayLoader)
+    cursor.adapters.register_loader(postgres.types["float8"].array_oid, _Float8ArrayLoader)
+    return cursor
