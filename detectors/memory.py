@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from detectors.common import (
     median,
     node_runs,
@@ -118,25 +120,29 @@ def _risk(window: ClusterWindow, config: DetectorConfig) -> list[Finding]:
     used_series = [(key, series) for key, series in index.items() if key[2] == USED]
     for (node, gpu, _), series in sorted(used_series, key=lambda kv: str(kv[0])):
         total_series = index.get((node, gpu, TOTAL))
-        if not series.points or total_series is None:
+        # Read as columns: a 1,024-GPU window holds ~10^5 points of used memory, and only
+        # the few series that pass the cheap screen below are fitted point by point.
+        times, values = series.times, series.values
+        if not len(times) or total_series is None:
             continue
-        total = total_series.points[-1][1] if total_series.points else 0.0
+        total = total_series.values[-1].item() if len(total_series) else 0.0
         if total <= 0:
             continue
-        last_ts = series.points[-1][0]
-        used = median([v for _, v in series.points[-3:]])
+        last_ts = times[-1].item()
+        used = median(values[-3:].tolist())
         share = used / total
         cutoff = last_ts - config.oom_trend_window_s
-        recent = [p for p in series.points if p[0] >= cutoff]
+        recent = np.flatnonzero(times >= cutoff)  # never empty: the newest is in
         rate, fitted = 0.0, used
-        span = last_ts - recent[0][0]
+        span = last_ts - times[recent[0]].item()
         # Enough samples over enough time, or the slope is the jitter of a few readings.
         if len(recent) >= config.oom_trend_min_points and span >= config.oom_trend_min_span_s:
             # The rate between the medians of both ends screens out flat series cheaply.
-            first = median([v for _, v in recent[:3]])
+            first = median(values[recent[:3]].tolist())
             rough = (used - first) / span
             if rough > 0 and (total - used) / rough <= 3 * config.oom_horizon_s:
-                fit = trend(recent)
+                points = zip(times[recent].tolist(), values[recent].tolist(), strict=True)
+                fit = trend(list(points))
                 if fit.significant(config.oom_trend_noise_k):
                     rate, fitted = fit.rate, fit.fitted
         # A trend only counts while memory is still on it: after a crash frees it, the
@@ -147,11 +153,10 @@ def _risk(window: ClusterWindow, config: DetectorConfig) -> list[Finding]:
             continue
         summary = f"GPU {gpu} of {node} uses {share:.0%} of its memory"
         if share >= config.oom_mem_share:
-            since = next(
-                (t for t, v in series.points if v / total >= config.oom_mem_share), last_ts
-            )
+            over = np.flatnonzero(values / total >= config.oom_mem_share)
+            since = times[over[0]].item() if len(over) else last_ts
         else:
-            since = recent[0][0]
+            since = times[recent[0]].item()
         if eta is not None:
             summary += f", growing {rate / 2**20:.0f} MiB/s: full in about {eta / 60:.0f} min"
         findings.append(

@@ -42,7 +42,9 @@ class RunOut(Schema):
     last_step: int | None
     last_step_at: float | None
     restarts: int = Field(
-        0, description="times the step counter went back (a resume, a resubmitted job)"
+        0,
+        description="restarts, each once: every restart event, and every time the step "
+        "counter went back (a resume, a resubmitted job) that no event stands for",
     )
     timeline_after: float | None = Field(
         None,

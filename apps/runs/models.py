@@ -16,15 +16,27 @@ class Run(models.Model):
     world_size = models.IntegerField(default=0, help_text="highest rank seen + 1")
     # A step counter that goes back is a restart (a resume from a checkpoint, a job submitted
     # again under the name): the run's newest steps are those reported since its timeline
-    # began, and last_step is the highest of them (apps.runs.services.runs_touch).
+    # began, and last_step is the highest of them (apps.runs.timeline, via runs_touch).
     timeline_after = models.DateTimeField(
         null=True,
         blank=True,
         help_text="the newest report before the step counter last went back: the current "
         "timeline is every report after it (none: since the run began)",
     )
+    timeline_from = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="the current timeline's first report: an older one arriving late is the "
+        "old timeline's (none: since the run began)",
+    )
     restarts = models.IntegerField(
-        default=0, db_default=0, help_text="times the step counter went back"
+        default=0,
+        db_default=0,
+        help_text="restarts, each once: the restart events, and the times the step counter "
+        "went back that no event stands for",
+    )
+    restart_event_at = models.DateTimeField(
+        null=True, blank=True, help_text="the newest restart event counted"
     )
     ended_at = models.DateTimeField(
         null=True, blank=True, help_text="the newest run_end event's time, while ended"

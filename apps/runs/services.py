@@ -3,8 +3,8 @@ and the run state that operators' stop and resume commands set (apps.commands)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.db import connection
@@ -18,90 +18,98 @@ from apps.runs.choices import ENDED_STATES, RunState
 from apps.runs.chunks import DURATION_DECIMALS, STEP_FIELDS
 from apps.runs.compaction import STEP_TYPES, steps_unseal
 from apps.runs.models import Run
+from apps.runs.timeline import Timeline, restart_event_counts, timeline_advance
 
 
 @dataclass
 class RunSeen:
-    """What one drain saw of a run: its step range and highest rank."""
+    """What one drain saw of a run: its reports' (time, step), and its highest rank."""
 
-    first_step: int | None = None
-    last_step: int | None = None
-    last_step_at: datetime | None = None
+    reports: list[tuple[datetime, int]] = field(default_factory=list)
     world_size: int = 0
 
     def add_step(self, step: dict[str, Any]) -> None:
-        number, ts = step["step"], to_datetime(step["ts"])
-        self.first_step = number if self.first_step is None else min(self.first_step, number)
-        if self.last_step is None or number >= self.last_step:
-            self.last_step = number
-            self.last_step_at = max(ts, self.last_step_at) if self.last_step_at else ts
+        self.reports.append((to_datetime(step["ts"]), step["step"]))
         self.world_size = max(self.world_size, step["rank"] + 1)
 
 
 # Steps this much newer than a run's end mean it runs again (a job restarted under the same
 # name); closer ones are the last steps of ranks that ended a moment after the first one.
 RUN_RESUME_AFTER_S = 60.0
-_RESUMED = (
-    "runs_run.ended_at IS NOT NULL AND EXCLUDED.last_step_at >"
-    " runs_run.ended_at + make_interval(secs => %(resume_after)s)"
-)
 
-
-# A drain whose highest step is this far below the run's, reported after the run's newest
-# step, is a restart: the step counter went back. Ranks of one synchronous job are within a
-# step or two of each other, and a late batch from a spool carries its old times.
-RESTART_STEPS = 10
-_RESTARTED = (
-    "runs_run.last_step IS NOT NULL AND EXCLUDED.last_step < runs_run.last_step - %(back)s"
-    " AND EXCLUDED.last_step_at > runs_run.last_step_at"
-)
-# SET sees the row as it was: every CASE judges the same old values
-_RUNS_TOUCH_SQL = f"""
-INSERT INTO runs_run (cluster_id, name, state, first_step, last_step, last_step_at,
-                      restarts, world_size, created_at)
-VALUES (%(cluster)s, %(name)s, 'running', %(first)s, %(last)s, %(last_at)s, 0, %(world)s,
-        now())
+# Creates the run, or locks its row (the no-op update) and reads what the walk needs.
+_RUN_LOCK_SQL = """
+INSERT INTO runs_run (cluster_id, name, state, restarts, world_size, created_at)
+VALUES (%(cluster)s, %(name)s, 'running', 0, %(world)s, now())
 ON CONFLICT (cluster_id, name) DO UPDATE SET
-  first_step = LEAST(runs_run.first_step, EXCLUDED.first_step),
-  last_step = CASE WHEN {_RESTARTED} THEN EXCLUDED.last_step
-              ELSE GREATEST(runs_run.last_step, EXCLUDED.last_step) END,
-  last_step_at = GREATEST(runs_run.last_step_at, EXCLUDED.last_step_at),
-  timeline_after = CASE WHEN {_RESTARTED} THEN runs_run.last_step_at
-                   ELSE runs_run.timeline_after END,
-  restarts = runs_run.restarts + CASE WHEN {_RESTARTED} THEN 1 ELSE 0 END,
-  world_size = GREATEST(runs_run.world_size, EXCLUDED.world_size),
-  state = CASE WHEN {_RESUMED} THEN 'running' ELSE runs_run.state END,
-  ended_at = CASE WHEN {_RESUMED} THEN NULL ELSE runs_run.ended_at END
-RETURNING id
+  world_size = GREATEST(runs_run.world_size, EXCLUDED.world_size)
+RETURNING id, first_step, last_step, last_step_at, timeline_after, timeline_from, restarts,
+          restart_event_at, ended_at
+"""
+_RUN_ADVANCE_SQL = """
+UPDATE runs_run SET first_step = %(first)s, last_step = %(last)s, last_step_at = %(last_at)s,
+  timeline_after = %(after)s, timeline_from = %(began)s, restarts = %(restarts)s,
+  state = CASE WHEN %(resumed)s THEN 'running' ELSE state END,
+  ended_at = CASE WHEN %(resumed)s THEN NULL ELSE ended_at END
+WHERE id = %(id)s
 """
 
 
 def runs_touch(*, seen: dict[tuple[int, str], RunSeen]) -> dict[tuple[int, str], int]:
-    """Create runs on first sight and widen their step range; returns (cluster, name) → id.
-
-    A drain whose steps went back (RESTART_STEPS below the run's highest, reported after
-    it) starts a new timeline: last_step becomes the drain's, timeline_after the old
-    timeline's newest report (every later report is the new one's), restarts counts it.
-    The detectors' window and the run's summary follow the newest timeline, so a resumed
-    run that progresses is no hang."""
+    """Create runs on first sight and advance their timelines (apps.runs.timeline: a step
+    counter that goes back starts a new timeline and counts a restart; the detectors'
+    window and the run's summary follow the newest, so a resumed run that progresses is no
+    hang); returns (cluster, name) → id. An ended run that steps RUN_RESUME_AFTER_S past
+    its end runs again. Two statements a run, its row locked between them."""
     ids: dict[tuple[int, str], int] = {}
+    resume_after = timedelta(seconds=RUN_RESUME_AFTER_S)
     with connection.connection.cursor() as cursor:
         for (cluster_id, name), run in sorted(seen.items(), key=lambda item: item[0]):
             cursor.execute(
-                _RUNS_TOUCH_SQL,
-                {
-                    "cluster": cluster_id,
-                    "name": name,
-                    "first": run.first_step,
-                    "last": run.last_step,
-                    "last_at": run.last_step_at,
-                    "world": run.world_size,
-                    "back": RESTART_STEPS,
-                    "resume_after": RUN_RESUME_AFTER_S,
-                },
+                _RUN_LOCK_SQL, {"cluster": cluster_id, "name": name, "world": run.world_size}
             )
-            ids[cluster_id, name] = cursor.fetchone()[0]
+            run_id, *columns, ended_at = cursor.fetchone()
+            before = Timeline(*columns)
+            after = timeline_advance(before, run.reports)
+            resumed = (
+                ended_at is not None
+                and after.last_step_at is not None
+                and after.last_step_at > ended_at + resume_after
+            )
+            if after != before or resumed:
+                cursor.execute(
+                    _RUN_ADVANCE_SQL,
+                    {
+                        "id": run_id,
+                        "first": after.first_step,
+                        "last": after.last_step,
+                        "last_at": after.last_step_at,
+                        "after": after.timeline_after,
+                        "began": after.timeline_from,
+                        "restarts": after.restarts,
+                        "resumed": resumed,
+                    },
+                )
+            ids[cluster_id, name] = run_id
     return ids
+
+
+def _restart_count(cursor: Any, run_id: int, at: datetime) -> None:
+    """Count a `restart` event, unless it is the current timeline's step-back, counted
+    already (apps.runs.timeline.restart_event_counts); either way it is the newest event
+    counted, so that a step-back it stands for, seen later, is not counted again."""
+    cursor.execute(
+        "SELECT first_step, last_step, last_step_at, timeline_after, timeline_from, restarts,"
+        " restart_event_at FROM runs_run WHERE id = %s FOR UPDATE",
+        [run_id],
+    )
+    state = Timeline(*cursor.fetchone())
+    counts = restart_event_counts(state, at)
+    cursor.execute(
+        "UPDATE runs_run SET restarts = restarts + %s,"
+        " restart_event_at = GREATEST(restart_event_at, %s) WHERE id = %s",
+        [1 if counts else 0, at, run_id],
+    )
 
 
 def _duration(seconds: float | None) -> float | None:
@@ -224,6 +232,7 @@ def runs_end(*, events: list[tuple[int, dict[str, Any]]]) -> int:
         for run_id, event in ordered:
             at = to_datetime(event["ts"])
             if event["kind"] == "restart":
+                _restart_count(cursor, run_id, at)
                 cursor.execute(
                     "UPDATE runs_run SET state = 'running', ended_at = NULL"
                     " WHERE id = %s AND ended_at IS NOT NULL AND ended_at <= %s",

@@ -73,3 +73,50 @@ def test_a_late_batch_from_a_spool_is_no_restart(agent, agent_token):
     stored(agent, steps("rs", range(295, 299), end=now + 1))
     run.refresh_from_db()
     assert (run.last_step, run.restarts) == (300, 0)
+
+
+def node_steps(run: str, node: str, ranks: range, numbers: range, *, start: float) -> dict:
+    """Steps `numbers` of `ranks` on `node`, one a second from `start`."""
+    return {
+        "batch_id": uuid.uuid4().hex,
+        "node": node,
+        "run": run,
+        "steps": [
+            {"ts": start + i, "rank": rank, "step": n, "step_time": 1.0}
+            for i, n in enumerate(numbers)
+            for rank in ranks
+        ],
+    }
+
+
+def interruptions(agent, run: str) -> int:
+    return len(agent.get(f"/api/v1/runs/{run}/report").json()["interruptions"])
+
+
+def test_a_nodes_late_last_steps_make_no_second_restart(agent, agent_token):
+    # both nodes crash at step 150 and resume from 100 30 s later; node 2's last steps
+    # before the crash arrive after node 1's first after it (they once raised last_step to
+    # 150 again, and node 2's first new steps then counted a second restart)
+    t0 = time.time() - 400
+    old, new = range(1, 151), range(101, 121)
+    stored(agent, node_steps("rl", "trainer-1", range(0, 2), old, start=t0))
+    stored(agent, node_steps("rl", "trainer-1", range(0, 2), new, start=t0 + 180))
+    stored(agent, node_steps("rl", "trainer-2", range(2, 4), old, start=t0 + 0.2))
+    stored(agent, node_steps("rl", "trainer-2", range(2, 4), new, start=t0 + 180.2))
+    summary = agent.get("/api/v1/runs/rl").json()
+    assert (summary["restarts"], summary["last_step"]) == (1, 120)
+    assert interruptions(agent, "rl") == 1  # the report counts the restart as the run does
+
+
+def test_a_restart_event_counts_though_the_counter_barely_went_back(agent, agent_token):
+    # crashed 5 steps past its checkpoint: fewer than RESTART_STEPS back, so only
+    # supervise's event says it restarted; the summary counted 0 while goodput booked it
+    t0 = time.time() - 400
+    stored(agent, node_steps("re", "trainer-1", range(0, 2), range(1, 106), start=t0))
+    restart = {"ts": t0 + 130, "kind": "restart", "rank": 0, "restart_count": 1}
+    stored(agent, {"batch_id": uuid.uuid4().hex, "node": "trainer-1", "run": "re",
+                   "events": [restart]})  # fmt: skip
+    stored(agent, node_steps("re", "trainer-1", range(0, 2), range(101, 131), start=t0 + 140))
+    summary = agent.get("/api/v1/runs/re").json()
+    assert summary["restarts"] == 1 == interruptions(agent, "re")
+    assert summary["goodput"]["badput_s"]["recovery"] > 0
