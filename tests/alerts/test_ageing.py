@@ -8,8 +8,11 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.test import Client
 
+from apps.access.services import role_grant
 from apps.alerts.models import Alert, ClusterDetectorConfig, WebhookDelivery, WebhookEndpoint
 from apps.alerts.services import alert_acknowledge, alerts_age, alerts_sync
 from apps.audit.models import AuditEntry
@@ -75,6 +78,28 @@ def test_the_limit_is_the_clusters_own(cluster):
     config.warning_age_min = 5
     config.save()
     assert alerts_age(now=at(NOW)) == 1 and Alert.objects.get(pk=alert.pk).aged_at
+
+
+@pytest.mark.parametrize("role", ["admin", "operator"])
+def test_a_clusters_admin_changes_its_policy_in_the_admin_audited(cluster, role):
+    user = get_user_model().objects.create_user(f"ada-{role}", password="pw-12345-x")
+    user.is_staff = True
+    user.save()
+    user.user_permissions.add(*Permission.objects.filter(codename__endswith="detectorconfig"))
+    role_grant(user=user, cluster=cluster, role=role)
+    config = ClusterDetectorConfig.objects.create(cluster=cluster)
+    response = client_of(user).post(
+        f"/admin/alerts/clusterdetectorconfig/{config.pk}/change/",
+        {"cluster": cluster.pk, "warning_age_min": 45, "overrides": "{}"},
+    )
+    config.refresh_from_db()
+    changed = AuditEntry.objects.filter(action="admin.change", actor_name=user.username)
+    if role == "admin":  # the cluster's own admins set it, and the audit log says so
+        assert response.status_code == 302 and config.warning_age_min == 45
+        assert changed.get().cluster_id == cluster.pk
+    else:  # an operator acts on alerts, not on the cluster's policy
+        assert response.status_code == 403 and config.warning_age_min is None
+        assert not changed.exists()
 
 
 def test_beat_runs_it_on_the_periodic_queue():
