@@ -149,6 +149,11 @@ def test_the_overview_counts_the_amber_and_the_alert_page_shows_its_age(cluster)
     # NOW is the module's import time: the page counts from its own clock
     oldest = int((time.time() - (NOW - 47 * 60)) // 60)
     assert f"the oldest {oldest} min; 1 ageing" in overview
+    # the API's alerts of the same moment say the same: 2 firing warnings, 1 aged
+    api = operator.get("/api/v1/alerts", {"state": "firing"}).json()["alerts"]
+    amber = [a for a in api if a["severity"] == "warning"]
+    assert len(amber) == 2 and sum(a["aged_at"] is not None for a in amber) == 1
+    assert int((time.time() - min(a["opened_at"] for a in amber)) // 60) == oldest
     page = operator.get(f"/alerts/{alert.pk}/")
     assert 'id="alert-ageing"' in page.content.decode()
     posted = operator.post(f"/alerts/{alert.pk}/silence", {"minutes": "30", "reason": "known"})
