@@ -306,6 +306,25 @@ def sustained_met(
     return times[n - 1 - hits[-1]].item() if hits.size else None
 
 
+def sustained_where(
+    times: FloatColumn,
+    values: FloatColumn,
+    met_of: Callable[[FloatColumn], NDArray[np.bool_]],
+    span: float,
+    share: float,
+) -> float | None:
+    """`sustained_met` with the condition given as `met_of(values)`, judged first on the
+    samples of the last `span` only: a healthy GPU's series (nearly all of them, every
+    pass) costs a comparison of those, not of its whole window."""
+    n = len(times)
+    if not n or times[-1] - times[0] < span:
+        return None
+    start = int(np.searchsorted(times, times[-1] - span, side="left"))
+    if np.count_nonzero(met_of(values[start:])) < share * (n - start):
+        return None
+    return sustained_met(times, met_of(values), span, share)
+
+
 def mask_bits(values: FloatColumn, bits: int) -> NDArray[np.bool_]:
     """Which samples of a bitmask series (NVML throttle reasons) have any of `bits` set, as
     `int(value) & bits` says of each."""

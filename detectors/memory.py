@@ -132,16 +132,20 @@ def _risk(window: ClusterWindow, config: DetectorConfig) -> list[Finding]:
         used = median(values[-3:].tolist())
         share = used / total
         cutoff = last_ts - config.oom_trend_window_s
-        recent = np.flatnonzero(times >= cutoff)  # never empty: the newest is in
+        # times are oldest first (Series): the window's tail starts where cutoff would go
+        start = int(np.searchsorted(times, cutoff, side="left"))  # the newest is in it
         rate, fitted = 0.0, used
-        span = last_ts - times[recent[0]].item()
+        span = last_ts - times[start].item()
         # Enough samples over enough time, or the slope is the jitter of a few readings.
-        if len(recent) >= config.oom_trend_min_points and span >= config.oom_trend_min_span_s:
+        if (
+            len(times) - start >= config.oom_trend_min_points
+            and span >= config.oom_trend_min_span_s
+        ):
             # The rate between the medians of both ends screens out flat series cheaply.
-            first = median(values[recent[:3]].tolist())
+            first = median(values[start : start + 3].tolist())
             rough = (used - first) / span
             if rough > 0 and (total - used) / rough <= 3 * config.oom_horizon_s:
-                points = zip(times[recent].tolist(), values[recent].tolist(), strict=True)
+                points = zip(times[start:].tolist(), values[start:].tolist(), strict=True)
                 fit = trend(list(points))
                 if fit.significant(config.oom_trend_noise_k):
                     rate, fitted = fit.rate, fit.fitted
@@ -156,7 +160,7 @@ def _risk(window: ClusterWindow, config: DetectorConfig) -> list[Finding]:
             over = np.flatnonzero(values / total >= config.oom_mem_share)
             since = times[over[0]].item() if len(over) else last_ts
         else:
-            since = times[recent[0]].item()
+            since = times[start].item()
         if eta is not None:
             summary += f", growing {rate / 2**20:.0f} MiB/s: full in about {eta / 60:.0f} min"
         findings.append(

@@ -12,10 +12,12 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from math import ceil, log
 from operator import attrgetter
 from typing import NamedTuple, cast
+
+import numpy as np
 
 from detectors.common import by_step, computes_of, median, per_step, step_times
 from detectors.config import DetectorConfig
@@ -65,6 +67,18 @@ class Step:
         if len(self.at) == len(self.ranks):
             return zip(self.ranks, self.computes, strict=True)
         return ((rank, self.computes[i]) for rank, i in self.at.items())
+
+    @cached_property
+    def _computes(self) -> np.ndarray:
+        return np.asarray(self.computes, dtype=np.float64)
+
+    def ranks_at_least(self, floor: float) -> list[int]:
+        """The ranks whose compute (their last report's) is at least `floor`, in the order
+        each first reported: one numpy pass when each rank reported once (the usual step),
+        where a 16,384-rank step with one slow rank walked every rank in Python."""
+        if len(self.at) != len(self.ranks):
+            return [rank for rank, value in self.values() if value >= floor]
+        return [self.ranks[i] for i in np.flatnonzero(self._computes >= floor).tolist()]
 
 
 _RANK = attrgetter("rank")
@@ -133,8 +147,8 @@ class Ratios:
             return []
         return [
             rank
-            for rank, value in step.values()
-            if value >= floor and (p := self.point(i, rank)) is not None and p.ratio >= self.limit
+            for rank in step.ranks_at_least(floor)
+            if (p := self.point(i, rank)) is not None and p.ratio >= self.limit
         ]
 
     def window(self, rank: int, end: int) -> tuple[tuple[Point, ...], int] | None:

@@ -12,6 +12,9 @@ samples to keep the share, so it resolves once the GPU has cooled for a fifth of
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -21,10 +24,10 @@ from detectors.common import (
     node_runs,
     node_subject,
     series_index,
-    sustained_met,
+    sustained_where,
 )
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
-from detectors.types import ClusterWindow, Finding, Series
+from detectors.types import ClusterWindow, Finding, FloatColumn, Series
 
 # NVML clocksEventReasons (nvmlClocksThrottleReasons) bits, in bit order.
 REASONS = {
@@ -58,12 +61,23 @@ def throttle_reasons(mask: int | float) -> list[str]:
 _EMPTY = Series("", "", None, ())
 
 
+def _over(values: FloatColumn, limit: float) -> NDArray[np.bool_]:
+    return values > limit
+
+
+def _at_least(values: FloatColumn, limit: float) -> NDArray[np.bool_]:
+    return values >= limit
+
+
 def _lasting(
-    series: Series, met: NDArray[np.bool_], needed: float, config: DetectorConfig
+    series: Series,
+    met_of: Callable[[FloatColumn], NDArray[np.bool_]],
+    needed: float,
+    config: DetectorConfig,
 ) -> float | None:
-    """When the condition `met` (per sample) began, if it has held for `needed` seconds (see
-    the module docstring); else None."""
-    return sustained_met(series.times, met, needed, config.sustain_share)
+    """When the condition `met_of` (per sample, of the values) began, if it has held for
+    `needed` seconds (see the module docstring); else None."""
+    return sustained_where(series.times, series.values, met_of, needed, config.sustain_share)
 
 
 def _recent_median(series: Series, span: float) -> float:
@@ -95,9 +109,10 @@ def detect(
         clock = series("gpu.sm_clock_mhz")
         if len(clock):
             common["sm_clock_mhz"] = clock.values[-1].item()
-        hot = _lasting(temps, temps.values > config.thermal_temp_c, config.thermal_temp_s, config)
+        hot = _lasting(temps, partial(_over, limit=config.thermal_temp_c),
+                       config.thermal_temp_s, config)  # fmt: skip
         throttled = _lasting(
-            masks, mask_bits(masks.values, THERMAL_BITS), config.throttle_s, config
+            masks, partial(mask_bits, bits=THERMAL_BITS), config.throttle_s, config
         )
         if hot is not None or throttled is not None:
             # The span's median: one stray reading neither hides nor escalates it.
@@ -132,8 +147,9 @@ def detect(
         limit, drawn = limits.values[-1].item(), power.values[-1].item()
         if limit <= 0:
             continue
-        at_cap = _lasting(power, power.values >= config.power_share * limit, config.power_s, config)
-        capped = _lasting(masks, mask_bits(masks.values, POWER_BITS), config.power_s, config)
+        at_cap_of = partial(_at_least, limit=config.power_share * limit)
+        at_cap = _lasting(power, at_cap_of, config.power_s, config)
+        capped = _lasting(masks, partial(mask_bits, bits=POWER_BITS), config.power_s, config)
         if at_cap is None or capped is None:
             continue
         reasons = [r for b, r in REASONS.items() if b & POWER_BITS & mask]
