@@ -61,6 +61,18 @@ def throttle_reasons(mask: int | float) -> list[str]:
 _EMPTY = Series("", "", None, ())
 
 
+def _mask_evidence(mask: int, clock: Series) -> dict[str, object]:
+    """The throttle mask decoded, and the SM clock when sent: built for a finding only (a
+    pass walks every GPU, and nearly all raise nothing)."""
+    evidence: dict[str, object] = {
+        "throttle_mask": mask,
+        "throttle_reasons": throttle_reasons(mask),
+    }
+    if len(clock):
+        evidence["sm_clock_mhz"] = clock.values[-1].item()
+    return evidence
+
+
 def _over(values: FloatColumn, limit: float) -> NDArray[np.bool_]:
     return values > limit
 
@@ -104,11 +116,6 @@ def detect(
 
         temps, masks = series("gpu.temp_c"), series("gpu.throttle_reasons")
         mask = int(masks.values[-1].item()) if len(masks) else 0
-        decoded = throttle_reasons(mask)
-        common = {"throttle_mask": mask, "throttle_reasons": decoded}
-        clock = series("gpu.sm_clock_mhz")
-        if len(clock):
-            common["sm_clock_mhz"] = clock.values[-1].item()
         hot = _lasting(temps, partial(_over, limit=config.thermal_temp_c),
                        config.thermal_temp_s, config)  # fmt: skip
         throttled = _lasting(
@@ -137,7 +144,11 @@ def detect(
                     run=runs_of.get(node),
                     node=node,
                     gpu=gpu,
-                    evidence={"temp_c": temp, "limit_c": config.thermal_temp_c, **common},
+                    evidence={
+                        "temp_c": temp,
+                        "limit_c": config.thermal_temp_c,
+                        **_mask_evidence(mask, series("gpu.sm_clock_mhz")),
+                    },
                     since=since,
                 )
             )
@@ -165,7 +176,11 @@ def detect(
                 run=runs_of.get(node),
                 node=node,
                 gpu=gpu,
-                evidence={"power_w": drawn, "power_limit_w": limit, **common},
+                evidence={
+                    "power_w": drawn,
+                    "power_limit_w": limit,
+                    **_mask_evidence(mask, series("gpu.sm_clock_mhz")),
+                },
                 since=max(at_cap, capped),
             )
         )
