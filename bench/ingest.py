@@ -121,6 +121,25 @@ def main() -> int:
         stack.stop()
 
 
+def wal_lsn(conninfo: str) -> str:
+    """The server's current WAL position."""
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        return str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0])
+
+
+def wal_since(conninfo: str, before: str) -> int:
+    """WAL bytes the server wrote since `before` (a `wal_lsn`)."""
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", [before]
+        ).fetchone()
+        return int(row[0])
+
+
 def run(args, stack: BenchStack, conninfo: str) -> int:
     import psycopg
 
@@ -161,6 +180,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
         thread.start()
     time.sleep(1.5)
     chart_thread.start()
+    wal_before = wal_lsn(conninfo)
     senders.run()
     chart.stop.set()
     chart_thread.join()
@@ -174,6 +194,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     # the rollups of these samples are work of the same load: CPU counted until they are done
     rollups_wait_current(conninfo)
     rolled_at = time.monotonic()
+    wal_bytes = wal_since(conninfo, wal_before)
     cpu_rolled_us = meter.per_sample_us(total_batches * per_batch)
     chart.stop.clear()
     idle = chart.sample(count=max(20, len(chart_times)))
@@ -188,8 +209,14 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
     )
     unprocessed = [b[1] - b[2] for b in in_window]
     half = len(unprocessed) // 2
+    wal_line = (
+        f"WAL             {wal_bytes / total_batches:,.0f} B a POST, "
+        f"{wal_bytes / samples:.1f} B a sample ({wal_bytes / 2**20:,.1f} MiB: the inbox, the "
+        f"stored rows and their rollups; the whole server's, so other sessions' writes too)"
+    )
     if args.rates_only:  # a loaded host: the rate and CPU lines, minutes sooner
         print(f"\ncelery concurrency {args.worker_concurrency}, {samples:,} samples")
+        print(wal_line)
         print(f"end to end      {samples / e2e_s:12,.0f} samples/s  (first POST to last commit)")
         for label, spent in (("to the last commit", cpu_us), ("rollups included", cpu_rolled_us)):
             roles = ", ".join(f"{role} {us:.2f}" for role, us in spent.items())
@@ -211,6 +238,7 @@ def run(args, stack: BenchStack, conninfo: str) -> int:
         f"{senders.failed} failed posts"
     )
     print(f"accepted        {accepted_rate:12,.0f} samples/s  (202s while posting)")
+    print(wal_line)
     print(f"committed       {committed_rate:12,.0f} samples/s  (stored while posting)")
     print(f"end to end      {samples / e2e_s:12,.0f} samples/s  (first POST to last commit)")
     print(

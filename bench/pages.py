@@ -338,6 +338,10 @@ def page_timings(table: Table, *, reps: int, skip: list[str], only: list[str], e
             status = client.get(url).status_code
             times, response = timed(lambda u=url: client.get(u), reps)
             size = f"{len(response.content) / 1024:,.0f} KiB"  # the body: bounded too
+            # what a browser receives where the view gzips (the charts: gzip_page)
+            packed = client.get(url, HTTP_ACCEPT_ENCODING="gzip")
+            if packed.get("Content-Encoding") == "gzip":
+                size += f", {len(packed.content) / 1024:,.0f} KiB gzipped"
             table.add(f"{url} [{size}]" if status == 200 else f"{url} [HTTP {status}]", "", times)
     finally:
         time.time = real_time

@@ -1,7 +1,9 @@
 """Chart endpoints: JSON is the figure the page draws, CSV the same points; `range` checked."""
 
 import csv
+import gzip
 import io
+import json
 import time
 
 import pytest
@@ -9,6 +11,20 @@ import pytest
 from tests.dashboard.conftest import RUN
 
 pytestmark = pytest.mark.django_db
+
+
+def test_a_chart_goes_gzipped_to_a_browser_that_takes_it(cluster, client_in):
+    url = f"/clusters/{cluster.name}/runs/{RUN}/charts/step_time.json?range=15m"
+    plain = client_in.get(url)
+    packed = client_in.get(url, HTTP_ACCEPT_ENCODING="gzip, deflate, br")
+    assert "Content-Encoding" not in plain and packed["Content-Encoding"] == "gzip"
+    assert len(packed.content) < len(plain.content) / 3
+    assert json.loads(gzip.decompress(packed.content))["figure"] == plain.json()["figure"]
+    node = client_in.get(
+        f"/clusters/{cluster.name}/nodes/node-00/charts/util.json?range=15m",
+        HTTP_ACCEPT_ENCODING="gzip",
+    )
+    assert node.status_code == 200 and node["Content-Encoding"] == "gzip"
 
 
 def test_the_json_export_is_the_figure_for_the_range(cluster, client_in):

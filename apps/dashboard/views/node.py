@@ -8,6 +8,7 @@ from collections.abc import Callable
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.views.decorators.gzip import gzip_page
 from django.views.decorators.http import require_GET
 
 from apps.alerts.choices import OPEN_STATES
@@ -159,6 +160,7 @@ def _node_series(request: HttpRequest, health: dict) -> dict:
 
 @login_required
 @require_GET
+@gzip_page  # as the run's charts: figures of numbers, no secret in them
 @replica_reads
 def node_chart(request: HttpRequest, cluster: str, node: str, chart: str, fmt: str) -> HttpResponse:
     found = cluster_or_404(request, cluster)
