@@ -11,7 +11,7 @@ from contextvars import ContextVar
 from functools import partial
 from itertools import groupby
 from operator import attrgetter, itemgetter
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -299,24 +299,13 @@ def sustained_met(
     """`sustained` over a series' columns: `met` says which of its samples meet the
     condition (a vectorised comparison of its values). The same answer, in numpy: a series
     of 600 points costs a few array operations rather than a Python call per point."""
-    n = len(times)
-    if not n or times[-1] - times[0] < span:
-        return None
-    start = int(np.searchsorted(times, times[-1] - span, side="left"))
-    if np.count_nonzero(met[start:]) < share * (n - start):
-        return None
-    newest_first = met[::-1]
-    # the newest `seen` samples keep the share where the running count of met ones does
-    seen = np.arange(1, n + 1)
-    kept = newest_first & (np.cumsum(newest_first) >= share * seen)
-    hits = np.flatnonzero(kept)
-    return times[n - 1 - hits[-1]].item() if hits.size else None
+    return sustained_where(times, met, _itself, span, share)
 
 
 def sustained_where(
     times: FloatColumn,
-    values: FloatColumn,
-    met_of: Callable[[FloatColumn], NDArray[np.bool_]],
+    values: NDArray[Any],
+    met_of: Callable[[NDArray[Any]], NDArray[np.bool_]],
     span: float,
     share: float,
 ) -> float | None:
@@ -329,7 +318,29 @@ def sustained_where(
     start = int(np.searchsorted(times, times[-1] - span, side="left"))
     if np.count_nonzero(met_of(values[start:])) < share * (n - start):
         return None
-    return sustained_met(times, met_of(values), span, share)
+    newest_first = met_of(values)[::-1]
+    # the newest `seen` samples keep the share where the running count of met ones does
+    seen = np.arange(1, n + 1)
+    kept = newest_first & (np.cumsum(newest_first) >= share * seen)
+    hits = np.flatnonzero(kept)
+    return times[n - 1 - hits[-1]].item() if hits.size else None
+
+
+def over(values: FloatColumn, limit: float) -> NDArray[np.bool_]:
+    """Which values are over `limit` (a `met_of` for sustained_where, with partial)."""
+    return values > limit
+
+
+def at_least(values: FloatColumn, limit: float) -> NDArray[np.bool_]:
+    return values >= limit
+
+
+def under(values: FloatColumn, limit: float) -> NDArray[np.bool_]:
+    return values < limit
+
+
+def _itself(met: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    return met
 
 
 def mask_bits(values: FloatColumn, bits: int) -> NDArray[np.bool_]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from detectors.common import (
@@ -24,12 +25,14 @@ from detectors.common import (
     median,
     node_runs,
     node_subject,
+    over,
     pct,
     per_step,
     rank_nodes,
     run_subject,
     series_index,
-    sustained_met,
+    sustained_where,
+    under,
 )
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
 from detectors.types import ClusterWindow, Finding, RunWindow, Series, StepRow
@@ -148,12 +151,12 @@ def _host_starved(window: ClusterWindow, config: DetectorConfig) -> dict[str, di
         if cpu is None or not len(cpu):
             continue
         span, share = config.input_sustain_s, config.sustain_share
-        busy_since = sustained_met(cpu.times, cpu.values > config.input_cpu_util, span, share)
+        busy_of = partial(over, limit=config.input_cpu_util)
+        busy_since = sustained_where(cpu.times, cpu.values, busy_of, span, share)
         if busy_since is None:
             continue
-        idle = [
-            sustained_met(u.times, u.values < config.input_gpu_util, span, share) for u in utils
-        ]
+        idle_of = partial(under, limit=config.input_gpu_util)
+        idle = [sustained_where(u.times, u.values, idle_of, span, share) for u in utils]
         long_idle = [s for s in idle if s is not None]
         if len(long_idle) * 2 <= len(utils):
             continue

@@ -19,10 +19,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from detectors.common import (
+    at_least,
     mask_bits,
     median,
     node_runs,
     node_subject,
+    over,
     series_index,
     sustained_where,
 )
@@ -73,14 +75,6 @@ def _mask_evidence(mask: int, clock: Series) -> dict[str, object]:
     return evidence
 
 
-def _over(values: FloatColumn, limit: float) -> NDArray[np.bool_]:
-    return values > limit
-
-
-def _at_least(values: FloatColumn, limit: float) -> NDArray[np.bool_]:
-    return values >= limit
-
-
 def _lasting(
     series: Series,
     met_of: Callable[[FloatColumn], NDArray[np.bool_]],
@@ -116,7 +110,7 @@ def detect(
 
         temps, masks = series("gpu.temp_c"), series("gpu.throttle_reasons")
         mask = int(masks.values[-1].item()) if len(masks) else 0
-        hot = _lasting(temps, partial(_over, limit=config.thermal_temp_c),
+        hot = _lasting(temps, partial(over, limit=config.thermal_temp_c),
                        config.thermal_temp_s, config)  # fmt: skip
         throttled = _lasting(
             masks, partial(mask_bits, bits=THERMAL_BITS), config.throttle_s, config
@@ -158,7 +152,7 @@ def detect(
         limit, drawn = limits.values[-1].item(), power.values[-1].item()
         if limit <= 0:
             continue
-        at_cap_of = partial(_at_least, limit=config.power_share * limit)
+        at_cap_of = partial(at_least, limit=config.power_share * limit)
         at_cap = _lasting(power, at_cap_of, config.power_s, config)
         capped = _lasting(masks, partial(mask_bits, bits=POWER_BITS), config.power_s, config)
         if at_cap is None or capped is None:
