@@ -20,13 +20,17 @@ from tests.dashboard.test_alert_and_node_browser import off_the_event_loop
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
 
-def fold_a_hot_gpu(name: str) -> Cluster:
+def fold_a_hot_gpu(name: str, *, lasted_s: float = 0.0, rate: float = 2.0) -> Cluster:
+    """Node-02's GPU 3 runs hot and its rank (3 of run-1) straggles, costing `rate` GPU-h/h,
+    seen `lasted_s` ago and again now: one incident."""
     cluster = Cluster.objects.create(name=name)
     # the live stack's beat would resolve these hand-made alerts (no data behind them)
     ClusterDetectorConfig.objects.create(cluster=cluster, paused=True)
     Node.objects.create(cluster=cluster, name="node-02")
-    Run.objects.create(cluster=cluster, name="run-1")
-    alerts_sync(cluster=cluster, findings=[thermal(), straggler()], now=time.time())
+    Run.objects.create(cluster=cluster, name="run-1", world_size=8)
+    now = time.time()
+    for at in sorted({now - lasted_s, now}):
+        alerts_sync(cluster=cluster, findings=[thermal(), straggler(rate=rate)], now=at)
     return cluster
 
 

@@ -10,29 +10,21 @@ from dataclasses import replace
 
 import pytest
 
-from apps.alerts.models import ClusterDetectorConfig, Incident
+from apps.alerts.models import Incident
 from apps.alerts.services import alerts_sync
-from apps.clusters.models import Cluster, Node
-from apps.runs.models import Run
+from apps.clusters.models import Cluster
 from tests.alerts.test_incidents import straggler, thermal
 from tests.browser import screenshot
 from tests.dashboard.conftest import BrowserPage, chromium, operator  # noqa: F401
 from tests.dashboard.test_alert_and_node_browser import off_the_event_loop
+from tests.dashboard.test_incident_browser import fold_a_hot_gpu
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
 
 def hot_gpu_for_twenty_minutes(name: str) -> Cluster:
-    """Node-02's GPU 3 runs hot and its rank straggles at 3 GPU-h/h for 20 minutes."""
-    cluster = Cluster.objects.create(name=name)
-    # the live stack's beat would resolve these hand-made alerts (no data behind them)
-    ClusterDetectorConfig.objects.create(cluster=cluster, paused=True)
-    Node.objects.create(cluster=cluster, name="node-02")
-    Run.objects.create(cluster=cluster, name="run-1", world_size=8)
-    now = time.time()
-    alerts_sync(cluster=cluster, findings=[thermal(), straggler(rate=3.0)], now=now - 1200)
-    alerts_sync(cluster=cluster, findings=[thermal(), straggler(rate=3.0)], now=now)
-    return cluster
+    """3 GPU-h/h for 20 minutes: 1 GPU-hour lost."""
+    return fold_a_hot_gpu(name, lasted_s=1200, rate=3.0)
 
 
 def test_the_list_follows_the_live_feed_and_leads_to_the_incident(

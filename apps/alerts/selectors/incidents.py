@@ -100,10 +100,11 @@ def incident_list(
     run: str | None = None,
     node: str | None = None,
     visible: QuerySet | None = None,
-    limit: int = INCIDENT_LIST_LIMIT,
+    limit: int | None = INCIDENT_LIST_LIMIT,
 ) -> list[Incident]:
     """Incidents newest first (of the `visible` clusters only, when given). `run` and `node`
-    keep the incidents with an alert of that run or on that node, or rooted at that node."""
+    keep the incidents with an alert of that run or on that node, or rooted at that node.
+    `limit` None: all of them (a report counts every one)."""
     found: QuerySet[Incident] = Incident.objects.select_related("cluster")
     if visible is not None:
         found = found.filter(cluster__in=visible)
@@ -116,7 +117,8 @@ def incident_list(
     if node is not None:
         on_node = Alert.objects.filter(incident=OuterRef("pk"), node__name=node)
         found = found.filter(Q(root_node=node) | Exists(on_node))
-    return list(found.order_by("-opened_at", "-id")[:limit])
+    found = found.order_by("-opened_at", "-id")
+    return list(found if limit is None else found[:limit])
 
 
 def incidents_json(incidents: list[Incident]) -> list[dict[str, Any]]:

@@ -150,7 +150,7 @@ def _by_cause(interruptions: list[dict]) -> list[dict]:
 
 def _incidents(run: Run) -> list[dict]:
     """The run's incidents by root cause: count, still open, GPU-hours lost, their ids."""
-    incidents = incident_list(cluster=run.cluster, run=run.name)
+    incidents = incident_list(cluster=run.cluster, run=run.name, limit=None)
     members = incident_members(incident_ids=[i.pk for i in incidents])
     groups: dict[str, list[tuple[int, bool, float]]] = defaultdict(list)
     for incident in incidents:

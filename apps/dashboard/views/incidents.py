@@ -62,7 +62,7 @@ def incidents_page(request: HttpRequest) -> HttpResponse:
         filters["state"] = ""
     incidents = incident_list(
         cluster=cluster,
-        visible=clusters_visible(user=request.user),
+        visible=clusters,
         state=filters["state"] or None,
         run=filters["run"] or None,
         node=filters["node"] or None,
