@@ -6,7 +6,7 @@ import uuid
 from typing import Any, NoReturn
 
 from django.http import HttpRequest
-from ninja import Header, Query, Router
+from ninja import Header, Query, Router, Status
 
 from apps.access.auth import reader_auth, session_auth, user_token_auth
 from apps.access.selectors import clusters_visible
@@ -129,7 +129,7 @@ def command_create(
     status = 200
     if created:
         status = 202 if command.kind in NODE_KINDS else 201
-    return status, command_json(command_get(command_id=command.pk))
+    return Status(status, command_json(command_get(command_id=command.pk)))
 
 
 def _one(request: HttpRequest, model, loc: str, name: str, clusters, attempt: dict) -> Any:
