@@ -26,6 +26,7 @@ from detectors.common import (
     node_subject,
     over,
     series_index,
+    sustained_tails,
     sustained_where,
 )
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
@@ -91,6 +92,28 @@ def _recent_median(series: Series, span: float) -> float:
     return median(series.values[times >= times[-1] - span].tolist())
 
 
+def _may_raise(window: ClusterWindow, config: DetectorConfig) -> list[tuple[str, int]]:
+    """The GPUs, in order, whose series pass the first test of a `_lasting` that a finding
+    needs (`common.sustained_tails`): hot, or thermally throttled, or power-capped (a power
+    finding needs both its cap and its throttle to last). Every other GPU raises nothing,
+    and nearly all GPUs are those."""
+    temps = [s for s in window.telemetry if s.gpu is not None and s.metric == "gpu.temp_c"]
+    masks = [
+        s for s in window.telemetry if s.gpu is not None and s.metric == "gpu.throttle_reasons"
+    ]
+    share = config.sustain_share
+    hot = sustained_tails(
+        temps, partial(over, limit=config.thermal_temp_c), config.thermal_temp_s, share
+    )
+    throttled = sustained_tails(
+        masks, partial(mask_bits, bits=THERMAL_BITS), config.throttle_s, share
+    )
+    capped = sustained_tails(masks, partial(mask_bits, bits=POWER_BITS), config.power_s, share)
+    gpus = {(s.node, s.gpu) for s, yes in zip(temps, hot, strict=True) if yes}
+    gpus |= {(s.node, s.gpu) for s, *yes in zip(masks, throttled, capped, strict=True) if any(yes)}
+    return sorted(gpus)  # type: ignore[arg-type]
+
+
 def detect(
     window: ClusterWindow, now: float, config: DetectorConfig = DEFAULT_CONFIG
 ) -> list[Finding]:
@@ -101,9 +124,8 @@ def detect(
     columns with numpy: every GPU's series is walked every pass."""
     index = series_index(window)
     runs_of = node_runs(window)
-    gpus = sorted({(s.node, s.gpu) for s in window.telemetry if s.gpu is not None})
     findings = []
-    for node, gpu in gpus:
+    for node, gpu in _may_raise(window, config):
 
         def series(metric: str, node: str = node, gpu: int | None = gpu) -> Series:
             return index.get((node, gpu, metric), _EMPTY)

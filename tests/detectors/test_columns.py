@@ -5,13 +5,21 @@ spikes, stray readings, repeated times and faults."""
 from __future__ import annotations
 
 import pickle
+from functools import partial
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detectors import detect_all, thermal
-from detectors.common import mask_bits, median, sustained, sustained_met
+from detectors.common import (
+    mask_bits,
+    median,
+    over,
+    sustained,
+    sustained_met,
+    sustained_tails,
+)
 from detectors.config import DEFAULT_CONFIG
 from detectors.types import Series
 from tests.detectors.builders import T0, cluster
@@ -53,6 +61,27 @@ def test_sustained_over_columns_finds_what_the_python_walk_finds(points, limit, 
     series = Series("n", "gpu.temp_c", 0, points)
     expected = sustained(points, lambda v: v > limit, span, share)
     assert sustained_met(series.times, series.values > limit, span, share) == expected
+
+
+@given(st.lists(temperatures(), max_size=6), st.floats(70.0, 95.0), st.floats(0.0, 60.0), shares)
+def test_the_tails_of_many_series_at_once_say_no_where_sustained_says_none(
+    many, limit, span, share
+):
+    """`sustained_tails` is the first test of `sustained_where`, for many series in one
+    numpy pass: where it says False the series cannot be sustained, and where it says True
+    the newest `span` of the series keeps `share` (thermal walks only those GPUs)."""
+    series = [Series("n", "gpu.temp_c", gpu, points) for gpu, points in enumerate(many)]
+    passed = sustained_tails(series, partial(over, limit=limit), span, share)
+    assert len(passed) == len(series)
+    for each, yes, points in zip(series, passed, many, strict=True):
+        found = sustained_met(each.times, each.values > limit, span, share)
+        if not yes:
+            assert found is None
+        if found is not None:
+            assert yes
+        reaches = bool(points) and points[-1][0] - points[0][0] >= span
+        recent = [v for t, v in points if reaches and t >= points[-1][0] - span]
+        assert yes == (reaches and sum(v > limit for v in recent) >= share * len(recent))
 
 
 masks = st.one_of(
