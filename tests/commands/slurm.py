@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from launcher.procs import free_port
 from tests.agent.test_real_exporters import start, stop
 from tests.peers import peer_binaries
@@ -54,6 +56,7 @@ SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
 SlurmdTimeout=30
+KillWait=5
 NodeName={node} NodeAddr=127.0.0.1 NodeHostname={host} CPUs=1 RealMemory=100 State=UNKNOWN
 PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
 """
@@ -132,8 +135,40 @@ def slurm_start(folder: Path) -> Iterator[Slurm]:
         _wait(lambda: _registered(slurm), "slurmd to register, the node idle", folder)
         yield slurm
     finally:
+        if len(slurm.processes) == 3:
+            _jobs_end(slurm)
         for process in reversed(slurm.processes):
             stop(process)
+        _leftovers_kill(conf)
+
+
+def _jobs_end(slurm: Slurm, timeout: float = 60) -> None:
+    """Cancel every job and wait until Slurm has ended them, while its daemons still run:
+    a scancel is only a request, and daemons stopped at once left the job's processes (a
+    DDP job posting to the live stack long after its test) running."""
+    subprocess.run(["scancel", "--full", "--user", "root"], env=slurm.env,
+                   capture_output=True, timeout=30, check=False)  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = subprocess.run(
+            ["squeue", "-h", "-o", "%i"], env=slurm.env, capture_output=True, text=True,
+            timeout=30, check=False,
+        )  # fmt: skip
+        if listed.returncode == 0 and not listed.stdout.strip():
+            return
+        time.sleep(0.5)
+
+
+def _leftovers_kill(conf: Path) -> None:
+    """Kill what still runs with this Slurm's SLURM_CONF in its environment (slurmstepd and
+    the job's processes inherit it) once the daemons are stopped: nothing a test started
+    may outlive it."""
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and process.environ().get("SLURM_CONF") == str(conf):
+                process.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
 
 
 def _registered(slurm: Slurm) -> bool:

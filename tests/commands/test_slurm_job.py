@@ -6,7 +6,9 @@ ready-made hooks), and after an uncordon resumes it from the checkpoint in the s
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+import psutil
 import pytest
 
 from apps.clusters.models import Node
@@ -27,6 +29,16 @@ REPO_SCRIPT = "examples/slurm/ddp_train.sbatch"
 @pytest.fixture
 def slurm(tmp_path):
     yield from slurm_start(tmp_path / "slurm")
+
+
+def job_processes(token: Path) -> list[str]:
+    """The command lines that name the job's token file: its supervisor, torchrun, ranks."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or ())
+        if str(token) in line:
+            found.append(line)
+    return found
 
 
 def ended(command_id: str) -> str:
@@ -101,5 +113,8 @@ def test_a_slurm_job_is_checkpointed_drained_and_resumed(live_stack, world, slur
         wait_until(after.exists, 120, "steps after the restart", state=job_log)
         assert min(after.values_list("step", flat=True)) == saved_step + 1
         assert slurm.command("squeue", "-h", "-j", job, "-o", "%T").strip() == "RUNNING"
+        # scancel ends the job, the supervised torchrun tree (its own session) included
+        slurm.command("scancel", job)
+        wait_until(lambda: not job_processes(token), 90, "the job's processes to end")
     finally:
         slurm.command("scancel", job)
