@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from apps.core.heap import gc_paused  # noqa: E402
 from detectors import DETECTORS, StepResults, detect_all  # noqa: E402
 from detectors.common import by_step, row_nodes, shared_results, use_step_groups  # noqa: E402
 from detectors.config import DEFAULT_CONFIG  # noqa: E402
@@ -163,12 +164,14 @@ def incremental(window: ClusterWindow, now: float, new_steps: int) -> None:
         after = shifted(window, (i + 1) * new_steps, STEPS)
         assert detect_all(after, now) == detect_all(after, now, kept=StepResults())
         detect_all(before, now, kept=kept)
-        start = time.process_time()
-        detect_all(after, now, kept=kept)
-        warm.append((time.process_time() - start) * 1000)
-        start = time.process_time()
-        detect_all(after, now)
-        cold.append((time.process_time() - start) * 1000)
+        with gc_paused():
+            start = time.process_time()
+            detect_all(after, now, kept=kept)
+            warm.append((time.process_time() - start) * 1000)
+        with gc_paused():
+            start = time.process_time()
+            detect_all(after, now)
+            cold.append((time.process_time() - start) * 1000)
     ratio = statistics.median(warm) / statistics.median(cold)
     print(
         f"detect_all, {new_steps} new steps since the last pass: kept results "
@@ -183,22 +186,25 @@ def incremental(window: ClusterWindow, now: float, new_steps: int) -> None:
             with shared_results(kept):
                 use_step_groups(before)
                 detector(before, now, DEFAULT_CONFIG)
-            start = time.process_time()
-            with shared_results(kept):
-                use_step_groups(after)
-                detector(after, now, DEFAULT_CONFIG)
-            ms.append((time.process_time() - start) * 1000)
+            with gc_paused():
+                start = time.process_time()
+                with shared_results(kept):
+                    use_step_groups(after)
+                    detector(after, now, DEFAULT_CONFIG)
+                ms.append((time.process_time() - start) * 1000)
         print(f"  {detector.__module__:<24} {statistics.median(ms):6.1f} ms (kept)")
 
 
 def timed(fn, repeat: int) -> list[float]:
     """CPU milliseconds of each of `repeat` calls, each from a cold cache (as a fresh
-    window would be: a pass's shared results live only inside its detect_all)."""
+    window would be: a pass's shared results live only inside its detect_all), with the
+    cyclic collector paused as the periodic worker pauses it for a pass."""
     out = []
     for _ in range(repeat):
-        start = time.process_time()
-        fn()
-        out.append((time.process_time() - start) * 1000)
+        with gc_paused():
+            start = time.process_time()
+            fn()
+            out.append((time.process_time() - start) * 1000)
     return out
 
 
