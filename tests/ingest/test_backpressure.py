@@ -141,9 +141,14 @@ def test_zero_rows_turns_it_off(limited, draining, settings, backlog):
 
 
 def test_no_wait_while_the_workers_are_not_draining(limited, settings, backlog):
-    """A backlog nobody drains (workers stopped): waiting would only slow every agent."""
+    """A backlog nobody drains (workers stopped): waiting would only slow every agent.
+
+    The session's live worker may still drain a task an earlier test left queued and set
+    the heartbeat under the session's prefix mid-test; keys of this test's own prefix are
+    ones no worker of ours writes, as with workers stopped."""
     from apps.core.redis import redis_client
 
+    settings.REDIS_PREFIX = f"{settings.REDIS_PREFIX}-nobody-drains"
     redis_client().delete(f"{settings.REDIS_PREFIX}:ingest:drained-at")
     backlog(limited[0], 4)
     response, took = post(limited[1], make_batch())
