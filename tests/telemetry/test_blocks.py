@@ -77,3 +77,43 @@ def test_a_dense_series_stays_bounded_as_blocks_come():
     assert most <= 2 * 60 + 10
     [(key, points)] = blocks.series().items()
     assert len(points) == 60 and points[-1][1] == 599.0
+
+
+def as_node_rows(rows) -> list:
+    """The same points as the spans read sends them (apps.telemetry.selectors, _SPANS_SQL):
+    a row per node, every point with its metric id, gpu and chunk start."""
+    by_node: dict = {}
+    for node, metric, gpu, e0, offsets, vals, _, _ in rows:
+        by_node.setdefault(node, []).append((metric, gpu, e0, offsets, vals))
+    out = []
+    for node, chunks in by_node.items():
+        lengths = [len(offsets) for *_, offsets, _ in chunks]
+        out.append(
+            (
+                node,
+                np.repeat(np.array([c[0] for c in chunks], dtype=np.int32), lengths),
+                np.repeat(np.array([c[1] for c in chunks], dtype=np.int32), lengths),
+                np.repeat(np.array([c[2] for c in chunks]), lengths),
+                np.concatenate([c[3] for c in chunks]),
+                np.concatenate([c[4] for c in chunks]),
+                None,
+                None,
+            )
+        )
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=chunk_rows(),
+    block=st.integers(min_value=1, max_value=3),
+    resolution=st.sampled_from([0.0, 1.0]),
+    metric=st.sampled_from([7, 70_000, 2**31 - 1]),  # ids past 16 bits too
+)
+def test_a_row_per_node_gives_what_a_row_per_chunk_gives(rows, block, resolution, metric):
+    rows = [(node, metric, *rest) for node, _, *rest in rows]
+    node_rows = as_node_rows(rows)
+    blocks = SeriesBlocks(start=START, end=END, resolution=resolution)
+    for first in range(0, len(node_rows), block):
+        blocks.add(node_rows[first : first + block])
+    assert blocks.series() == reference(rows, resolution=resolution)
