@@ -56,7 +56,7 @@ class SeriesBlocks:
         for each, first, last in zip(firsts, [0, *bounds], [*bounds, len(code)], strict=True):
             key = keys[each]
             if key in parts:
-                self._hold(key, (ts[first:last], values[first:last]))
+                self._hold_more(key, (ts[first:last], values[first:last]))
             else:  # a series' first part (most, a node's series in one row): nothing to merge
                 parts[key], held[key] = [(ts[first:last], values[first:last])], last - first
 
@@ -74,10 +74,11 @@ class SeriesBlocks:
             for key, parts in self.parts.items()
         }
 
-    def _hold(self, key: Key, part: Points) -> None:
-        parts = self.parts.setdefault(key, [])
+    def _hold_more(self, key: Key, part: Points) -> None:
+        """A later part of a series already held."""
+        parts = self.parts[key]
         parts.append(part)
-        self.held[key] = self.held.get(key, 0) + len(part[0])
+        self.held[key] += len(part[0])
         if self.cap is not None and self.held[key] > self.cap and len(parts) > 1:
             merged = self._merged(parts)  # amortised: each series stays bounded
             self.parts[key], self.held[key] = [merged], len(merged[0])

@@ -207,17 +207,15 @@ SELECT node_id, metric_id, gpu, e0, offsets_ms, vals, ts_pco, vals_pco FROM (
     SELECT node_id, array_agg(metric_id), array_agg(gpu), 1, min(t0), array_agg(e0),
            array_agg(o), array_agg(v), NULL, NULL
     FROM (
-        SELECT * FROM (
-            SELECT c.node_id, c.metric_id, c.gpu::int4 AS gpu, c.t0,
-                   extract(epoch FROM c.t0)::float8 AS e0, c.offsets_ms[1] AS o,
-                   c.vals[1] AS v, 1::int8 AS i
-            FROM c WHERE c.ts_pco IS NULL AND cardinality(c.offsets_ms) = 1
-            UNION ALL
-            SELECT c.node_id, c.metric_id, c.gpu::int4, c.t0,
-                   extract(epoch FROM c.t0)::float8, u.o, u.v, u.i
-            FROM c CROSS JOIN LATERAL unnest(c.offsets_ms, c.vals) WITH ORDINALITY AS u(o, v, i)
-            WHERE c.ts_pco IS NULL AND cardinality(c.offsets_ms) <> 1
-        ) points
+        SELECT c.node_id, c.metric_id, c.gpu::int4 AS gpu, c.t0,
+               extract(epoch FROM c.t0)::float8 AS e0, c.offsets_ms[1] AS o, c.vals[1] AS v,
+               1::int8 AS i
+        FROM c WHERE c.ts_pco IS NULL AND cardinality(c.offsets_ms) = 1
+        UNION ALL
+        SELECT c.node_id, c.metric_id, c.gpu::int4, c.t0, extract(epoch FROM c.t0)::float8,
+               u.o, u.v, u.i
+        FROM c CROSS JOIN LATERAL unnest(c.offsets_ms, c.vals) WITH ORDINALITY AS u(o, v, i)
+        WHERE c.ts_pco IS NULL AND cardinality(c.offsets_ms) <> 1
         ORDER BY node_id, metric_id, gpu, t0, i
     ) points
     GROUP BY node_id
