@@ -10,7 +10,7 @@ the node's ranks, then over 20 steps: one slow data fetch (a page-fault storm, a
 cache) moves it by at most one place, and a real input bottleneck over most steps is found
 however a few of them jitter. The host signal counts as sustained when at least
 `sustain_share` of the samples of the last `input_sustain_s` seconds are over the line
-(`common.sustained`), so a single busy or idle sample neither makes nor breaks it.
+(`sustained.sustained`), so a single busy or idle sample neither makes nor breaks it.
 """
 
 from __future__ import annotations
@@ -25,16 +25,14 @@ from detectors.common import (
     median,
     node_runs,
     node_subject,
-    over,
     pct,
     per_step,
     rank_nodes,
     run_subject,
     series_index,
-    sustained_where,
-    under,
 )
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
+from detectors.sustained import over, sustained_where, under
 from detectors.types import ClusterWindow, Finding, RunWindow, Series, StepRow
 
 

@@ -1,7 +1,7 @@
 """Thermal and power: GPUs too hot, or held back by NVML clocks-event (throttle) reasons.
 
 "Over the limit for 30 s" means at least `sustain_share` (80%) of the samples of the last
-30 s are over it, with the series reaching back that far (`common.sustained`), not that
+30 s are over it, with the series reaching back that far (`sustained.sustained`), not that
 every sample is. Why it holds under noise: a single hot reading is one sample of the span
 (with 10 s samples, 1 of 4) and never reaches the share, so a spike raises nothing; a GPU
 that is really hot stays found through a stray cool reading once the span holds five or
@@ -19,17 +19,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from detectors.common import (
-    at_least,
-    mask_bits,
     median,
     node_runs,
     node_subject,
-    over,
     series_index,
-    sustained_tails,
-    sustained_where,
 )
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
+from detectors.sustained import at_least, mask_bits, over, sustained_tails, sustained_where
 from detectors.types import ClusterWindow, Finding, FloatColumn, Series
 
 # NVML clocksEventReasons (nvmlClocksThrottleReasons) bits, in bit order.
@@ -94,7 +90,7 @@ def _recent_median(series: Series, span: float) -> float:
 
 def _may_raise(window: ClusterWindow, config: DetectorConfig) -> list[tuple[str, int]]:
     """The GPUs, in order, whose series pass the first test of a `_lasting` that a finding
-    needs (`common.sustained_tails`): hot, or thermally throttled, or power-capped (a power
+    needs (`sustained.sustained_tails`): hot, or thermally throttled, or power-capped (a power
     finding needs both its cap and its throttle to last). Every other GPU raises nothing,
     and nearly all GPUs are those."""
     temps = [s for s in window.telemetry if s.gpu is not None and s.metric == "gpu.temp_c"]

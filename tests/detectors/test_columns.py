@@ -13,14 +13,10 @@ from hypothesis import strategies as st
 
 from detectors import detect_all, thermal
 from detectors.common import (
-    mask_bits,
     median,
-    over,
-    sustained,
-    sustained_met,
-    sustained_tails,
 )
 from detectors.config import DEFAULT_CONFIG
+from detectors.sustained import mask_bits, over, sustained, sustained_met, sustained_tails
 from detectors.types import Series
 from tests.detectors.builders import T0, cluster
 
