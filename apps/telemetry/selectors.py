@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from itertools import islice
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import psycopg
@@ -17,7 +17,7 @@ from apps.core.db import query_logged
 from apps.core.db_router import read_alias
 from apps.core.partitions import relation_bytes_sql
 from apps.telemetry.arrays import arrays_as_numpy
-from apps.telemetry.blocks import SeriesBlocks, chunk_arrays
+from apps.telemetry.blocks import SeriesBlocks, SpanPoints, chunk_arrays
 from apps.telemetry.models import HOST_GPU, NodeHealth
 
 # The agent stores every scraped series that is not a core contract metric as
@@ -224,23 +224,10 @@ ORDER BY node_id, part, t0
 """
 
 
-def series_points_in_spans(
-    *, spans: Mapping[int, tuple[float, float]], metric_ids: list[int], resolution: float = 0.0
-) -> dict[tuple[int, int, int], list[tuple[float, float]]]:
-    """As `series_points`, for each node over its own span [start, end): node id → span
-    (one query). Points of a node's chunks outside its span but inside another node's may
-    come too: callers keep what falls in each node's span."""
-    if not spans:
-        return {}
-    return series_columns_in_spans(
-        spans=spans, metric_ids=metric_ids, resolution=resolution
-    ).series()
-
-
-def series_columns_in_spans(
-    *, spans: Mapping[int, tuple[float, float]], metric_ids: list[int], resolution: float = 0.0
-) -> SeriesBlocks:
-    """`series_points_in_spans`' read, as read (see `series_columns`); `spans` not empty."""
+def span_points(*, spans: Mapping[int, tuple[float, float]], metric_ids: list[int]) -> SpanPoints:
+    """The stored points of each node's chunks that may hold points in its span [start, end)
+    (node id → span, not empty; one query), as flat columns in the stored order (SpanPoints):
+    a node's points outside its span may come too, and callers keep what falls in it."""
     nodes = sorted(spans)
     params = {
         "nodes": nodes,
@@ -248,14 +235,13 @@ def series_columns_in_spans(
         "ends": [spans[n][1] for n in nodes],
         "metrics": metric_ids,
     }
-    start = min(a for a, _ in spans.values())
-    end = max(b for _, b in spans.values())
-    return _blocks_read(
-        _SPANS_SQL, params, SeriesBlocks(start=start, end=end, resolution=resolution)
-    )
+    return _blocks_read(_SPANS_SQL, params, SpanPoints())
 
 
-def _blocks_read(sql: str, params: dict[str, Any], blocks: SeriesBlocks) -> SeriesBlocks:
+_Blocks = TypeVar("_Blocks", SeriesBlocks, SpanPoints)
+
+
+def _blocks_read(sql: str, params: dict[str, Any], blocks: _Blocks) -> _Blocks:
     database = connections[read_alias()]
     database.ensure_connection()
     # a raw psycopg cursor: stream() fetches as it goes (Django's cursor fetches every row

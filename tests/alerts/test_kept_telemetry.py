@@ -6,19 +6,16 @@ twice, densely, stamped ahead of the clock, or was compacted meanwhile."""
 import time
 from datetime import UTC, datetime
 
-import numpy as np
 import pytest
 from django.test import override_settings
 
 from apps.alerts.selectors import cluster_window
 from apps.alerts.selectors.kept import KeptWindow
-from apps.alerts.selectors.kept_telemetry import Buffers
 from apps.clusters.models import Cluster
 from apps.ingest.services import ClaimedBatch, batches_store
 from apps.telemetry.changes import sample_changes_prune
 from apps.telemetry.services import chunks_compact
 from detectors import detect_all
-from detectors.types import Series
 from tests.alerts.held_writer import held_open
 
 
@@ -131,23 +128,3 @@ def test_it_sees_samples_that_committed_after_a_pass_it_began_before(cluster):
         assert ("node-02", 0) in window and window["node-01", 0].points[-1][0] < t0 + 100
     window = same_as_whole(cluster, kept, t0 + 104)
     assert window["node-01", 0].points[-1][1] >= 90.0
-
-
-def test_a_handed_series_keeps_its_points_while_later_passes_append_and_replace():
-    held = Buffers(np.array([1.0, 2.0, 3.0]), np.array([10.0, 20.0, 30.0]))
-    first = Series("n", "m", 0, times=held.live()[0], values=held.live()[1])
-    for t in range(4, 40):  # appended in place until the buffers are full, then moved
-        ts, values = held.live()
-        handed = Series("n", "m", 0, times=ts, values=values)
-        before = handed.points[:]
-        appended = held.replace(float(t), float(t + 1), np.array([float(t)]), np.array([t * 10.0]))
-        assert appended.live()[0].tolist() == [float(x) for x in range(1, t + 1)]
-        assert list(handed.points) == list(before)  # what was handed did not move
-        held = appended
-    held.lo += 30  # the window slid past the first 30
-    replaced = held.replace(33.0, 35.0, np.array([33.5]), np.array([-1.0]))
-    assert replaced is not held  # points in the span replaced: new buffers
-    assert replaced.live()[0].tolist() == [31.0, 32.0, 33.5, 35.0, 36.0, 37.0, 38.0, 39.0]
-    assert replaced.live()[1].tolist()[2] == -1.0
-    assert held.live()[0].tolist() == [float(x) for x in range(31, 40)]
-    assert list(first.points) == [(1.0, 10.0), (2.0, 20.0), (3.0, 30.0)]
