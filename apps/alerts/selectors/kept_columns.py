@@ -24,7 +24,7 @@ from detectors.types import Series
 Key = tuple[int, int, int]  # (node id, metric id, gpu); gpu < 0: a host-wide series
 Points = tuple[np.ndarray, np.ndarray]  # (ts, values)
 # Room a row keeps past its points for those of later passes: a row holding L points gets
-# L × _ROOM (at least _ROOM_MIN); the buffers keep half as much again for rows that move.
+# L × _ROOM (at least _ROOM_MIN); the buffers keep an eighth more for rows that move.
 _ROOM = 1.5
 _ROOM_MIN = 16
 
@@ -63,7 +63,8 @@ class SeriesColumns:
         starts = (np.cumsum(caps) - caps).astype(np.int64)
         size = int(caps.sum())
         self.top = size
-        self.ts, self.values = np.empty(size + size // 2 + 1), np.empty(size + size // 2 + 1)
+        spare = size // 8 + _ROOM_MIN  # for rows that move (late samples)
+        self.ts, self.values = np.empty(size + spare), np.empty(size + spare)
         self.ts_read, self.values_read = _read_only(self.ts), _read_only(self.values)
         self.lo, self.n, self.end = starts.copy(), starts + lengths, starts + caps
         self.last = np.full(len(parts), -np.inf)
