@@ -85,11 +85,34 @@ def data_arrives(
         )
 
 
+# Sealed history before the seeded window: each series' seeded chunk, copied back a chunk's
+# width at a time (two points each: what is read is the rows, not their points).
+_HISTORY_SQL = """
+INSERT INTO telemetry_chunk (node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, sealed,
+                             offsets_ms, vals)
+SELECT c.node_id, c.metric_id, c.gpu, c.t0 - make_interval(secs => k * 600),
+       c.t0 - make_interval(secs => k * 600 - 599), 2, c.vmin, c.vmin, 2 * c.vmin, true,
+       ARRAY[0, 599000], ARRAY[c.vmin, c.vmin]
+FROM telemetry_chunk c CROSS JOIN generate_series(1, %(chunks)s) k
+WHERE c.n = %(points)s
+"""
+
+
+def history(*, conninfo: str, hours: float) -> None:
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(_HISTORY_SQL, {"chunks": int(hours * 6), "points": SEED_STEPS})
+        conn.execute("ANALYZE telemetry_chunk")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=1024, help="ranks, 8 a node (1,024)")
     parser.add_argument("--reps", type=int, default=5, help="passes each way (5)")
     parser.add_argument("--new-steps", type=int, default=5, help="steps between passes (5)")
+    parser.add_argument("--history-hours", type=float, default=0.0,
+                        help="hours of sealed telemetry before the window (0)")  # fmt: skip
     args = parser.parse_args()
     _, conninfo = pages_seed.scratch_django(ranks=args.ranks)
     end = float(int(time.time()) - args.reps * args.new_steps)
@@ -97,6 +120,11 @@ def main() -> None:
     ids = pages_seed.seed(conninfo=conninfo, start=end - SEED_STEPS, end=end)
     print(f"seeded {args.ranks:,} ranks × {SEED_STEPS} steps in "
           f"{time.perf_counter() - began:.0f} s", flush=True)  # fmt: skip
+    if args.history_hours:
+        began = time.perf_counter()
+        history(conninfo=conninfo, hours=args.history_hours)
+        print(f"{args.history_hours:g} h of sealed history in "
+              f"{time.perf_counter() - began:.0f} s", flush=True)  # fmt: skip
     passes(args=args, ids=ids, conninfo=conninfo, end=int(end))
 
 

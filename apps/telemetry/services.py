@@ -11,7 +11,8 @@ brings a 600-point chunk to ≈ 0.1 B a point for regular timestamps and 0.1–2
 Encoded points are decoded in Python (`chunk_arrays`, `chunk_points` in selectors; SQL reads
 that unnest arrays see none of them, so each such read also decodes its sealed chunks).
 Indexes: a B-tree on (node, metric, gpu, t0) — one entry per chunk, not per sample — for
-series reads, and a BRIN on t0 for time-range scans and compaction.
+series reads, a B-tree on (node, t1) for the recent chunks of a node (the detectors' kept
+window), and a BRIN on t0 for time-range scans and compaction.
 """
 
 from __future__ import annotations
