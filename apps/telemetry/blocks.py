@@ -148,9 +148,10 @@ def _block_points(rows: Sequence[Sequence]) -> tuple[list[Key], np.ndarray, np.n
 
 class SpanPoints:
     """The points of a spans read (node rows, `_SPANS_SQL`) as flat columns in the order
-    read: each point's node id, metric id, gpu, ts and value. A kept window places them into
-    its own columns with a few numpy calls a pass, not a call per series (65,536 series a
-    pass at 16,384 ranks: SeriesBlocks' per-series parts were 0.1 s of its CPU)."""
+    read: each point's node id, metric id, gpu, chunk start (e0), ts and value. A kept
+    window places them into its own columns with a few numpy calls a pass, not a call per
+    series (65,536 series a pass at 16,384 ranks: SeriesBlocks' per-series parts were 0.1 s
+    of its CPU)."""
 
     def __init__(self) -> None:
         self.parts: list[tuple[np.ndarray, ...]] = []
@@ -161,18 +162,16 @@ class SpanPoints:
             nodes = np.repeat(np.array([row[0] for row in rows], dtype=np.int64), lengths)
             metrics = np.concatenate([row[1] for row in rows]).astype(np.int64)
             gpus = np.concatenate([row[2] for row in rows]).astype(np.int64)
-            ts = np.concatenate([row[3] for row in rows]) + (offsets / 1000.0)
-            self.parts.append((nodes, metrics, gpus, ts, values))
+            starts = np.concatenate([row[3] for row in rows]).astype(np.float64)
+            ts = starts + (offsets / 1000.0)
+            self.parts.append((nodes, metrics, gpus, starts, ts, values))
 
-    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(node ids, metric ids, gpus, ts, values), a point each."""
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """(node ids, metric ids, gpus, chunk starts, ts, values), a point each."""
         if not self.parts:
             empty = np.empty(0, dtype=np.int64)
-            return empty, empty, empty, np.empty(0), np.empty(0)
-        nodes, metrics, gpus, ts, values = (
-            np.concatenate(c) for c in zip(*self.parts, strict=True)
-        )
-        return nodes, metrics, gpus, ts, values
+            return empty, empty, empty, np.empty(0), np.empty(0), np.empty(0)
+        return tuple(np.concatenate(each) for each in zip(*self.parts, strict=True))
 
 
 def _rows_offsets_values(rows: Sequence[Sequence]) -> tuple[list[int], np.ndarray, np.ndarray]:

@@ -172,61 +172,66 @@ def series_columns(
     )
 
 
-# Each node's chunks that may hold points in its own span. The recent ones are raw (a row
-# per batch and series: a second's point at 1 Hz), and a row costs the client ~12 µs to
-# receive whatever it holds, so a node's raw rows come as one: every point's metric, GPU,
-# chunk start, offset and value, each series' in the stored order (a row a series was 4,096
-# rows a pass at 1,024 ranks, half of the kept telemetry's CPU). Sealed (encoded) rows come
-# as they are, first (their metric, GPU and start repeated for each of their `n` points, so
-# that every row's key and e0 are arrays). Two things halved the server's part of it (1.3 s →
-# 0.8 s at 16,384 ranks, 327,680 raw chunks a pass): a raw chunk of one point gives it
-# without unnest() (a function scan per row was half the time), and the points are sorted
-# once before aggregating, not by each of five array_agg(… ORDER BY …) apart (Postgres 15
-# does not share those sorts). Aggregates keep the order of a sorted input (grouping by its
-# leading key needs no other sort); the client's stable sort by series and time
-# (apps.telemetry.blocks) leaves that order to decide only between equal times of a series.
-# A node's chunks are found by the (node, t1) index (migration 0005), a scan per node: the
-# few that end in or after its span's start. No bound on a chunk's start per node: the
-# series index would walk every chunk of the node's last MAX_CHUNK_SPAN through it (it
-# holds the GPU before t0), and the BRIN on t0 was ANDed in at 4.5 ms a node, which took a
-# pass at 16,384 ranks with a day of history to 10 s. One constant bound on the start
-# leaves out the partitions ahead when the query is planned. A chunk starting after its
-# node's span may come too: the caller keeps what falls in each span.
+# Each node's chunks that may hold points in its own span, found by the (node, t1) index
+# (migration 0005) in a scan per node: the few that end in or after the span's start. The
+# series index cannot find them (it holds the GPU before t0, so a bound on a chunk's start
+# walks every chunk of the node's last MAX_CHUNK_SPAN), and a bound on the start per node
+# had the planner AND in the BRIN on t0 at 4.5 ms a node: 10 s a pass at 16,384 ranks with a
+# day of history. One constant bound on the start leaves out the partitions ahead. A chunk
+# starting after its node's span may come too: the caller keeps what falls in each span.
+#
+# The recent chunks are raw (a row per batch and series: a second's point at 1 Hz), and a
+# row costs the client ~12 µs to receive whatever it holds, so a node's raw chunks come as
+# one row: every point's metric, GPU, chunk start (e0), offset and value, as arrays. A
+# one-point chunk gives its point without unnest() (a function scan per row was half the
+# server's time at 16,384 ranks, 327,680 such chunks a pass); a chunk of more points gives
+# them in their stored order, each chunk's together. Sealed (encoded) rows come as they are,
+# their metric, GPU and start repeated for each of their `n` points. Nothing is sorted
+# here (sorting 327,680 points was a third of the server's time): the client orders a
+# series' points by time, then by their chunk's start, then as read, which is the order a
+# whole read gives them (apps.alerts.selectors.kept_columns).
 _SPANS_SQL = """
-WITH c AS (
-    SELECT c.node_id, c.metric_id, c.gpu, c.t0, c.n, c.offsets_ms, c.vals, c.ts_pco, c.vals_pco
-    FROM unnest(%(nodes)s::int4[], %(starts)s::float8[]) AS r(node_id, a)
-    CROSS JOIN LATERAL (
-        SELECT * FROM telemetry_chunk c
+SELECT r.node_id, p.metric_id, p.gpu, p.e0, p.o, p.v, NULL::bytea, NULL::bytea
+FROM unnest(%(nodes)s::int4[], %(starts)s::float8[]) AS r(node_id, a)
+CROSS JOIN LATERAL (
+    SELECT array_agg(c.metric_id) AS metric_id, array_agg(c.gpu::int4) AS gpu,
+           array_agg(extract(epoch FROM c.t0)::float8) AS e0, array_agg(c.offsets_ms[1]) AS o,
+           array_agg(c.vals[1]) AS v
+    FROM telemetry_chunk c
+    WHERE c.node_id = r.node_id AND c.t1 >= to_timestamp(r.a)
+      AND c.metric_id = ANY(%(metrics)s) AND c.t0 < to_timestamp(%(end)s)
+      AND c.ts_pco IS NULL AND cardinality(c.offsets_ms) = 1
+    HAVING count(*) > 0
+) p
+UNION ALL
+SELECT r.node_id, p.metric_id, p.gpu, p.e0, p.o, p.v, NULL, NULL
+FROM unnest(%(nodes)s::int4[], %(starts)s::float8[]) AS r(node_id, a)
+CROSS JOIN LATERAL (
+    SELECT array_agg(metric_id) AS metric_id, array_agg(gpu) AS gpu, array_agg(e0) AS e0,
+           array_agg(o) AS o, array_agg(v) AS v
+    FROM (
+        SELECT c.metric_id, c.gpu::int4 AS gpu, extract(epoch FROM c.t0)::float8 AS e0, u.o, u.v
+        FROM telemetry_chunk c
+        CROSS JOIN LATERAL unnest(c.offsets_ms, c.vals) WITH ORDINALITY AS u(o, v, i)
         WHERE c.node_id = r.node_id AND c.t1 >= to_timestamp(r.a)
           AND c.metric_id = ANY(%(metrics)s) AND c.t0 < to_timestamp(%(end)s)
-        OFFSET 0  -- a scan per node: never flattened into one scan of the table
-    ) c
-)
-SELECT node_id, metric_id, gpu, e0, offsets_ms, vals, ts_pco, vals_pco FROM (
-    SELECT node_id, array_fill(metric_id, ARRAY[n]) AS metric_id,
-           array_fill(gpu::int4, ARRAY[n]) AS gpu, 0 AS part, t0,
-           array_fill(extract(epoch FROM t0)::float8, ARRAY[n]) AS e0, offsets_ms, vals,
-           ts_pco, vals_pco
-    FROM c WHERE ts_pco IS NOT NULL
-    UNION ALL
-    SELECT node_id, array_agg(metric_id), array_agg(gpu), 1, min(t0), array_agg(e0),
-           array_agg(o), array_agg(v), NULL, NULL
-    FROM (
-        SELECT c.node_id, c.metric_id, c.gpu::int4 AS gpu, c.t0,
-               extract(epoch FROM c.t0)::float8 AS e0, c.offsets_ms[1] AS o, c.vals[1] AS v,
-               1::int8 AS i
-        FROM c WHERE c.ts_pco IS NULL AND cardinality(c.offsets_ms) = 1
-        UNION ALL
-        SELECT c.node_id, c.metric_id, c.gpu::int4, c.t0, extract(epoch FROM c.t0)::float8,
-               u.o, u.v, u.i
-        FROM c CROSS JOIN LATERAL unnest(c.offsets_ms, c.vals) WITH ORDINALITY AS u(o, v, i)
-        WHERE c.ts_pco IS NULL AND cardinality(c.offsets_ms) <> 1
-        ORDER BY node_id, metric_id, gpu, t0, i
+          AND c.ts_pco IS NULL AND cardinality(c.offsets_ms) <> 1
+        ORDER BY c.t0, c.metric_id, c.gpu, u.i
     ) points
-    GROUP BY node_id
-) rows
-ORDER BY node_id, part, t0
+    HAVING count(*) > 0
+) p
+UNION ALL
+SELECT c.node_id, array_fill(c.metric_id, ARRAY[c.n]), array_fill(c.gpu::int4, ARRAY[c.n]),
+       array_fill(extract(epoch FROM c.t0)::float8, ARRAY[c.n]), c.offsets_ms, c.vals,
+       c.ts_pco, c.vals_pco
+FROM unnest(%(nodes)s::int4[], %(starts)s::float8[]) AS r(node_id, a)
+CROSS JOIN LATERAL (
+    SELECT * FROM telemetry_chunk c
+    WHERE c.node_id = r.node_id AND c.t1 >= to_timestamp(r.a)
+      AND c.metric_id = ANY(%(metrics)s) AND c.t0 < to_timestamp(%(end)s)
+      AND c.ts_pco IS NOT NULL
+    OFFSET 0  -- a scan per node: never flattened into one scan of the table
+) c
 """
 
 

@@ -15,8 +15,11 @@ NAMES = {1: "node-01", 2: "node-02", 3: "node-03"}
 KEYS = [(node, metric, gpu) for node in NAMES for metric in METRICS for gpu in (-1, 1)]
 Model = dict[tuple[int, int, int], list[tuple[float, float]]]
 
-times = st.integers(0, 72).map(lambda quarter: quarter / 4)  # equal times and slots happen
-point = st.tuples(st.sampled_from(KEYS), times, st.integers(-5, 5).map(float))
+times = st.integers(0, 36).map(lambda half: half / 2)  # equal times and slots happen
+# (key, ts, value, how far before ts its chunk starts): ties in time go by chunk start
+point = st.tuples(
+    st.sampled_from(KEYS), times, st.integers(-5, 5).map(float), st.sampled_from([0.0, 0.5, 3.0])
+)
 a_pass = st.tuples(
     st.dictionaries(st.sampled_from(list(NAMES)), st.tuples(st.integers(0, 16), st.integers(1, 6)),
                     min_size=1),
@@ -25,9 +28,10 @@ a_pass = st.tuples(
 )  # fmt: skip
 
 
-def thinned(points: list[tuple[float, float]], resolution: float) -> list[tuple[float, float]]:
-    """Sorted by time (equal times in the given order), the newest of each slot."""
-    ordered = sorted(points, key=lambda p: p[0])
+def thinned(points: list[tuple], resolution: float) -> list[tuple[float, float]]:
+    """(ts, value[, chunk start]) sorted by time, then chunk start, then as given; the newest
+    of each slot."""
+    ordered = [p[:2] for p in sorted(points, key=lambda p: (p[0], p[2] if len(p) > 2 else 0))]
     if resolution <= 0:
         return ordered
     out: list[tuple[float, float]] = []
@@ -64,7 +68,7 @@ def test_each_pass_hands_on_what_the_model_holds_and_nothing_handed_changes(
     names = {n: name for n, name in NAMES.items() if n != names_drop}
     start, end = 0.0, 8.0
     model: Model = {}
-    for key, ts, value in first:
+    for key, ts, value, _ in first:
         model.setdefault(key, []).append((ts, value))
     model = {key: thinned(points, resolution) for key, points in model.items()}
     columns = SeriesColumns(
@@ -75,19 +79,19 @@ def test_each_pass_hands_on_what_the_model_holds_and_nothing_handed_changes(
     handed_before: list[tuple[object, list[float], list[float]]] = []
     for spans_at, points, moved in [({}, [], 0), *passes]:
         spans = {node: (float(a), float(a + width)) for node, (a, width) in spans_at.items()}
-        fresh = [(k, ts, v) for k, ts, v in points if k[0] in spans]
+        fresh = [(k, ts, v, ts - back) for k, ts, v, back in points if k[0] in spans]
         if spans:
             nodes, metric_ids, gpus = (np.array([p[0][i] for p in fresh], dtype=np.int64)
                                        for i in range(3))  # fmt: skip
             columns.replace_spans(
                 spans,
-                (nodes, metric_ids, gpus, np.array([p[1] for p in fresh]),
-                 np.array([p[2] for p in fresh])),
+                (nodes, metric_ids, gpus, np.array([p[3] for p in fresh]),
+                 np.array([p[1] for p in fresh]), np.array([p[2] for p in fresh])),
                 resolution,
             )  # fmt: skip
             for node, (a, b) in spans.items():
                 for key in {k for k in [*model, *(p[0] for p in fresh)] if k[0] == node}:
-                    new = [(ts, v) for k, ts, v in fresh if k == key and a <= ts < b]
+                    new = [(ts, v, e0) for k, ts, v, e0 in fresh if k == key and a <= ts < b]
                     held = [p for p in model.get(key, []) if not a <= p[0] < b]
                     model[key] = sorted(held + thinned(new, resolution), key=lambda p: p[0])
         start, end = start + moved, end + moved + 1
@@ -107,9 +111,24 @@ def test_a_series_whose_window_did_not_move_is_handed_on_as_the_same_object():
     columns = SeriesColumns({(1, 5, 0): (ts, ts), (2, 5, 0): (ts, ts)}, METRICS)
     first = columns.window(start=0.0, end=20.0, names=NAMES)
     columns.replace_spans({2: (10.0, 12.0)}, (np.array([2, 2]), np.array([5, 5]),
-                          np.array([0, 0]), np.array([10.0, 11.0]), np.array([1.0, 2.0])),
-                          1.0)  # fmt: skip
+                          np.array([0, 0]), np.array([10.0, 10.0]), np.array([10.0, 11.0]),
+                          np.array([1.0, 2.0])), 1.0)  # fmt: skip
     second = columns.window(start=0.0, end=20.0, names=NAMES)
     assert second[0] is first[0]
     assert second[1] is not first[1] and second[1].times.tolist()[-2:] == [10.0, 11.0]
     assert first[1].times.tolist() == ts.tolist()
+
+
+def test_points_of_one_time_go_by_their_chunks_start_then_as_read():
+    """As a whole read orders them: by the chunk's start (its stored order), then as read."""
+    columns = SeriesColumns({}, METRICS)
+    nodes, metric_ids, gpus = (np.array([1, 1, 1]), np.array([5, 5, 5]), np.array([0, 0, 0]))
+    chunk_starts = np.array([7.0, 4.0, 7.0])  # the second chunk began first
+    columns.replace_spans({1: (0.0, 10.0)}, (nodes, metric_ids, gpus, chunk_starts,
+                          np.array([8.0, 8.0, 8.0]), np.array([1.0, 2.0, 3.0])), 0.0)  # fmt: skip
+    (series,) = columns.window(start=0.0, end=10.0, names=NAMES)
+    assert series.values.tolist() == [2.0, 1.0, 3.0]
+    columns.replace_spans({1: (0.0, 10.0)}, (nodes, metric_ids, gpus, chunk_starts,
+                          np.array([8.0, 8.0, 8.0]), np.array([1.0, 2.0, 3.0])), 1.0)  # fmt: skip
+    (series,) = columns.window(start=0.0, end=10.0, names=NAMES)
+    assert series.values.tolist() == [3.0]  # thinned: the newest of the slot, as ordered

@@ -112,23 +112,25 @@ class SeriesColumns:
     def replace_spans(
         self,
         spans: Mapping[int, tuple[float, float]],
-        points: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        points: tuple[np.ndarray, ...],
         resolution: float,
     ) -> None:
         """Each node's rows: their points in its span [a, b) become the `points` (node id,
-        metric id, gpu, ts, value each, in the stored order) that fall in it, thinned to the
-        newest of each `resolution`-second slot (spans cover whole slots)."""
+        metric id, gpu, chunk start, ts, value each; a chunk's points together, in their
+        stored order) that fall in it, ordered as a whole read orders them (by time, then
+        chunk start, then as given) and thinned to the newest of each `resolution`-second
+        slot (spans cover whole slots)."""
         span_nodes = np.array(sorted(spans), dtype=np.int64)
         span_a = np.array([spans[n][0] for n in span_nodes.tolist()])
         span_b = np.array([spans[n][1] for n in span_nodes.tolist()])
-        nodes, metrics, gpus, ts, values = points
+        nodes, metrics, gpus, starts, ts, values = points
         place = np.minimum(np.searchsorted(span_nodes, nodes), len(span_nodes) - 1)
         inside = (span_nodes[place] == nodes) & (ts >= span_a[place]) & (ts < span_b[place])
         inside &= np.isin(metrics, self.metric_ids)
         packed = self._pack(nodes[inside], metrics[inside], gpus[inside])
-        ts, values = ts[inside], values[inside]
+        starts, ts, values = starts[inside], ts[inside], values[inside]
         rows = self._rows_of(packed)
-        order = np.lexsort((ts, rows))  # stable: equal times keep the stored order
+        order = np.lexsort((starts, ts, rows))  # stable: what ties stays as given
         rows, ts, values = rows[order], ts[order], values[order]
         if resolution > 0 and len(ts) > 1:
             slot = np.floor(ts / resolution)
