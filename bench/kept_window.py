@@ -5,18 +5,20 @@ pass is timed both ways on the same database at the same `now`.
     python bench/kept_window.py --ranks 1024            # the default
     python bench/kept_window.py --ranks 16384 --reps 3
 
-Prints, per way (median of the reps; wall and this process's CPU): loading the run's step
+Prints, per way (median of the reps; wall, this process's CPU and its Postgres backends' CPU
+read from /proc when Postgres runs on this host, in 10 ms ticks): loading the run's step
 window (cold: `steps_load`, the last ALERT_STEP_WINDOW steps of every rank; kept:
 `steps_kept`, only the steps the change log names since the last pass), loading the
 telemetry (cold: every window metric of every node, ALERT_TELEMETRY_WINDOW_S; kept:
 `telemetry_kept`, only each node's span the sample change log names), `detect_all` (cold
 memo, or the kept per-step results), and their ratio; each pass checks that the kept window
-equals the cold one. Postgres's own CPU is not included.
+equals the cold one. Parallel workers' CPU is not counted (the kept reads use none).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -34,15 +36,46 @@ common.BENCH_DB = f"{common.BENCH_DB}_kept"  # its own scratch database: others 
 SEED_STEPS = 600  # the window (120 steps) below; one sealed 10-minute chunk of telemetry
 
 
-def timed(call: Callable[[], Any]) -> tuple[float, float, Any]:
-    """(wall ms, this process's CPU ms, result), with the cyclic collector off as a periodic
-    pass runs (apps.core.heap.gc_paused)."""
+def timed(call: Callable[[], Any]) -> tuple[float, float, float, Any]:
+    """(wall ms, this process's CPU ms, its Postgres backends' CPU ms, result), with the
+    cyclic collector off as a periodic pass runs (apps.core.heap.gc_paused)."""
     from apps.core.heap import gc_paused
 
     with gc_paused():
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu, server = time.perf_counter(), time.process_time(), backends_cpu()
         result = call()
-        return (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3, result
+        return (
+            (time.perf_counter() - wall) * 1e3,
+            (time.process_time() - cpu) * 1e3,
+            backends_cpu() - server,
+            result,
+        )
+
+
+_BACKENDS: list[int] = []  # this process's Postgres backends (same host): their pids
+
+
+def backends_cpu() -> float:
+    """CPU ms of this process's Postgres backends so far (/proc, in clock ticks: 10 ms)."""
+    tick = 1e3 / os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in _BACKENDS:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) * tick  # utime, stime
+    return total
+
+
+def backends_find() -> None:
+    from django.db import connections
+
+    from apps.core.db_router import read_alias
+
+    for alias in sorted({"default", read_alias()}):
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+        if Path(f"/proc/{pid}/stat").exists() and pid not in _BACKENDS:
+            _BACKENDS.append(pid)
 
 
 # A raw chunk a second of each node's GPU series (an agent's 1 Hz batch, one point each).
@@ -152,10 +185,11 @@ def passes(*, args: argparse.Namespace, ids: dict[str, Any], conninfo: str, end:
     def run() -> list[Run]:
         return [Run.objects.get(pk=ids["run"])]
 
+    backends_find()  # on this host only: elsewhere Postgres's CPU reads as 0
     # the first pass reads whole
     detect_all(window_module.cluster_window(cluster=cluster, now=now, kept=kept), now,
                kept=kept.results)  # fmt: skip
-    rows: dict[str, list[tuple[float, float]]] = {}
+    rows: dict[str, list[tuple[float, float, float]]] = {}
     for rep in range(args.reps):
         lo = end + rep * args.new_steps
         data_arrives(conninfo=conninfo, run_id=ids["run"], nodes=ids["nodes"],
@@ -185,23 +219,25 @@ def passes(*, args: argparse.Namespace, ids: dict[str, Any], conninfo: str, end:
         timings["detect_all kept"] = timed(
             lambda: detect_all(window, now, kept=kept.results)  # noqa: B023
         )
-        for key, (wall, cpu, _) in timings.items():
-            rows.setdefault(key, []).append((wall, cpu))
+        for key, (wall, cpu, server, _) in timings.items():
+            rows.setdefault(key, []).append((wall, cpu, server))
     report(rows, args=args, window_steps=settings.ALERT_STEP_WINDOW)
 
 
-def report(rows: dict[str, list[tuple[float, float]]], *, args: Any, window_steps: int) -> None:
-    med = {key: tuple(statistics.median(v[i] for v in values) for i in (0, 1))
+def report(rows: dict[str, list[tuple[float, float, float]]], *, args: Any,
+           window_steps: int) -> None:  # fmt: skip
+    med = {key: tuple(statistics.median(v[i] for v in values) for i in (0, 1, 2))
            for key, values in rows.items()}  # fmt: skip
     print(f"\n{args.ranks:,} ranks, window {window_steps} steps, {args.new_steps} new steps "
-          f"a pass, median of {args.reps} (ms; Postgres's CPU not included)")  # fmt: skip
-    print(f"{'':24}{'wall':>10}{'CPU':>10}")
-    for key, (wall, cpu) in med.items():
-        print(f"{key:24}{wall:10.1f}{cpu:10.1f}")
+          f"a pass, median of {args.reps} (ms; Postgres: its backends' CPU)")  # fmt: skip
+    print(f"{'':24}{'wall':>10}{'CPU':>10}{'Postgres':>10}{'CPU+PG':>10}")
+    for key, (wall, cpu, server) in med.items():
+        print(f"{key:24}{wall:10.1f}{cpu:10.1f}{server:10.1f}{cpu + server:10.1f}")
     cold = [med[k] for k in ("steps cold", "telemetry cold", "detect_all cold")]
     kept = [med[k] for k in ("steps kept", "telemetry kept", "detect_all kept")]
     for label, parts in (("pass cold", cold), ("pass kept", kept)):
-        print(f"{label:24}{sum(p[0] for p in parts):10.1f}{sum(p[1] for p in parts):10.1f}")
+        wall, cpu, server = (sum(p[i] for p in parts) for i in (0, 1, 2))
+        print(f"{label:24}{wall:10.1f}{cpu:10.1f}{server:10.1f}{cpu + server:10.1f}")
     ratio = sum(p[0] for p in kept) / max(1e-9, sum(p[0] for p in cold))
     steps_ratio = med["steps kept"][0] / max(1e-9, med["steps cold"][0])
     telemetry_ratio = med["telemetry kept"][0] / max(1e-9, med["telemetry cold"][0])

@@ -122,12 +122,24 @@ def use_step_groups(window: ClusterWindow) -> None:
             for rows in run.by_step.values():  # in step order: a rank's last row wins
                 mapping = per_step("row_nodes", rows, partial(_rank_to_node, rows))
                 # The ranks sit on the same nodes step after step: a mapping equal to the
-                # one just applied changes nothing (16,384 ranks × 120 steps were 2 M
-                # insertions a pass; a comparison is a tenth of that).
-                if mapping is not last and mapping != last:
+                # one before changes nothing (16,384 ranks × 120 steps were 2 M insertions
+                # a pass). Whether it is equal is kept with the step too, so a pass compares
+                # only its new steps' (120 comparisons of 16,384 ranks were 30 ms a pass).
+                if last is not None and mapping is not last:
+                    seen = per_step(f"row_nodes_same:{id(last)}", rows,
+                                    partial(_same_mapping, last, mapping))  # fmt: skip
+                    same = seen[1] if seen[0] is last else mapping == last
+                    if not same:
+                        nodes.update(mapping)
+                elif last is None:
                     nodes.update(mapping)
-                    last = mapping
+                last = mapping
             memo[("row_nodes", id(run.steps))] = (run.steps, nodes)
+
+
+def _same_mapping(before: dict[int, str], mapping: dict[int, str]) -> tuple[dict[int, str], bool]:
+    """(the step before's mapping, whether this step's equals it)."""
+    return before, mapping == before
 
 
 def _rank_to_node(rows: Sequence[StepRow]) -> dict[int, str]:
