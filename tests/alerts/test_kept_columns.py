@@ -5,7 +5,7 @@ each pass hands on what the model says, and nothing handed on ever changes after
 import math
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from apps.alerts.selectors.kept_columns import SeriesColumns
@@ -56,6 +56,12 @@ def handed_by_model(model: Model, start: float, end: float, names: dict[int, str
 
 
 @settings(max_examples=300, deadline=None)
+@example(  # two points of one time: the one of the chunk that began first goes first
+    first=[],
+    passes=[({1: (0, 10)}, [((1, 5, 1), 5.0, 1.0, 0.0), ((1, 5, 1), 5.0, 2.0, 3.0)], 0)],
+    resolution=0.0,
+    names_drop=None,
+)
 @given(
     first=st.lists(point, max_size=40),
     passes=st.lists(a_pass, min_size=1, max_size=8),
