@@ -29,9 +29,10 @@ ALERT_TELEMETRY_WINDOW_S = envfloat("ALERT_TELEMETRY_WINDOW_S", 600.0)
 # is then bounded by the cluster's series, not by how densely agents sample (docs/faults.md, 10)
 ALERT_TELEMETRY_RESOLUTION_S = envfloat("ALERT_TELEMETRY_RESOLUTION_S", 1.0)
 ALERT_EVENT_WINDOW_S = envfloat("ALERT_EVENT_WINDOW_S", 900.0)
-# A periodic worker keeps the windows of the clusters it evaluates between passes (step rows
-# and telemetry points, ~100 B each as Python objects); past this many in all it drops the
-# least recently evaluated ones (apps.alerts.selectors.kept), which then read whole next time.
+# A periodic worker keeps the windows of the clusters it evaluates between passes (step rows,
+# ~100 B each as Python objects, and telemetry points, ~27 B each in numpy with room to grow);
+# past this many in all it drops the least recently evaluated others
+# (apps.alerts.selectors.kept), which then read whole next time.
 ALERT_KEPT_MAX_ROWS = envint("ALERT_KEPT_MAX_ROWS", 10_000_000)
 # Clusters (and runs) with no data for this long are not evaluated (their open alerts are).
 ALERT_IDLE_S = envfloat("ALERT_IDLE_S", 3600.0)
