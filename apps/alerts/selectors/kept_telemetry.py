@@ -12,9 +12,10 @@ series with a few numpy calls, and builds a `Series` only for those whose window
 unchanged series is the same `Series` as last pass.
 
 The window a pass sees is the one a whole read gives (`series_points` over [now − window,
-`live_telemetry_end(now)`)): a span read again holds every stored point of it, in the stored
-order, and thinning per slot is the same because slots count from the epoch and spans are
-widened to whole slots (apps.telemetry.blocks). Points up to LOAD_AHEAD_S past now are kept
+`live_telemetry_end(now)`)): a span read again holds every stored point of it, ordered as
+a whole read orders them (by time, then chunk start, then as stored: kept_columns), and
+thinning per slot is the same because slots count from the epoch and spans are widened to
+whole slots (apps.telemetry.blocks). Points up to LOAD_AHEAD_S past now are kept
 (an agent may stamp its samples ahead of the server's clock; ingest allows 5 minutes) and
 handed on once the window's end passes them. A window seen for the first time, whose kept
 copy is older than KEPT_MAX_AGE_S, whose log was pruned past it, or whose metrics changed is
