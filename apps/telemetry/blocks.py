@@ -57,7 +57,7 @@ class SeriesBlocks:
             key = keys[each]
             if key in parts:
                 self._hold_more(key, (ts[first:last], values[first:last]))
-            else:  # a series' first part (most, a node's series in one row): nothing to merge
+            else:  # a series' first part (most series: their chunks in one block): nothing to merge
                 parts[key], held[key] = [(ts[first:last], values[first:last])], last - first
 
     def series(self) -> dict[Key, list[tuple[float, float]]]:
@@ -122,11 +122,7 @@ def chunk_arrays(
 def _block_points(rows: Sequence[Sequence]) -> tuple[list[Key], np.ndarray, np.ndarray, np.ndarray]:
     """(the block's series keys, each point's index into them, ts, values) of a block of
     rows; ts is `e0 + offset / 1000`, the same float the SQL reads of arrays compute. A row's
-    `e0` is its chunk's start; one query's rows are all of one kind, and in the spans read
-    (apps.telemetry.selectors, _SPANS_SQL) a row is a node's points, with a metric id, gpu
-    and chunk start each (`_node_rows_points`)."""
-    if isinstance(rows[0][1], np.ndarray):
-        return _node_rows_points(rows)
+    `e0` is its chunk's start."""
     keys: list[Key] = []
     codes: list[int] = []
     offsets: list[np.ndarray] = []
@@ -158,7 +154,10 @@ class SpanPoints:
 
     def add(self, rows: Sequence[Sequence]) -> None:
         if rows:
-            lengths, offsets, values = _rows_offsets_values(rows)
+            stored = [chunk_arrays(*row[4:]) for row in rows]
+            lengths = [len(offsets) for offsets, _ in stored]
+            offsets = np.concatenate([offsets for offsets, _ in stored])
+            values = np.concatenate([vals for _, vals in stored])
             nodes = np.repeat(np.array([row[0] for row in rows], dtype=np.int64), lengths)
             metrics = np.concatenate([row[1] for row in rows]).astype(np.int64)
             gpus = np.concatenate([row[2] for row in rows]).astype(np.int64)
@@ -172,42 +171,3 @@ class SpanPoints:
             empty = np.empty(0, dtype=np.int64)
             return empty, empty, empty, np.empty(0), np.empty(0), np.empty(0)
         return tuple(np.concatenate(each) for each in zip(*self.parts, strict=True))
-
-
-def _rows_offsets_values(rows: Sequence[Sequence]) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """(points a row, every point's ms offset, every point's value) of node rows."""
-    offsets, values = [], []
-    for stored in rows:
-        offsets_ms, vals = chunk_arrays(*stored[4:])
-        offsets.append(offsets_ms)
-        values.append(vals)
-    return [len(each) for each in offsets], np.concatenate(offsets), np.concatenate(values)
-
-
-def _node_rows_points(
-    rows: Sequence[Sequence],
-) -> tuple[list[Key], np.ndarray, np.ndarray, np.ndarray]:
-    """`_block_points` of rows whose metric id, gpu and e0 are arrays, a point's each. The
-    block's series are numbered in key order in a few numpy calls (a loop over each row's
-    series was 75 µs a node: 155 ms of a kept pass at 16,384 ranks)."""
-    lengths, offsets, values = _rows_offsets_values(rows)
-    # a series is (the node's place among the block's nodes, metric id, gpu) packed in 63
-    # bits (15 + 32 + 16: int4 ids, int2 GPUs), numbered in key order by one sort
-    if len(rows) >= 1 << 15:
-        raise ValueError("a block of over 32,767 rows")  # BLOCK_ROWS is 512
-    node_ids, node_places = np.unique([row[0] for row in rows], return_inverse=True)
-    places = np.repeat(node_places.reshape(-1).astype(np.int64), lengths)
-    metrics = np.concatenate([row[1] for row in rows]).astype(np.int64)
-    gpus = np.concatenate([row[2] for row in rows]).astype(np.int64)
-    packed = (places << 48) | (metrics << 16) | (gpus + 32768)
-    series, code = np.unique(packed, return_inverse=True)
-    keys = list(
-        zip(
-            node_ids[series >> 48].tolist(),
-            ((series >> 16) & 0xFFFFFFFF).tolist(),
-            ((series & 0xFFFF) - 32768).tolist(),
-            strict=True,
-        )
-    )
-    ts = np.concatenate([row[3] for row in rows]) + (offsets / 1000.0)
-    return keys, code.reshape(-1), ts, values

@@ -9,7 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apps.telemetry.blocks import SeriesBlocks
+from apps.alerts.selectors.kept_columns import SeriesColumns
+from apps.telemetry.blocks import SeriesBlocks, SpanPoints
 
 START, END = 1_000.0, 1_060.0
 
@@ -111,9 +112,21 @@ def as_node_rows(rows) -> list:
     metric=st.sampled_from([7, 70_000, 2**31 - 1]),  # ids past 16 bits too
 )
 def test_a_row_per_node_gives_what_a_row_per_chunk_gives(rows, block, resolution, metric):
+    """The spans read's node rows (SpanPoints), placed in a kept window's columns, hold the
+    points a row per chunk holds."""
     rows = [(node, metric, *rest) for node, _, *rest in rows]
     node_rows = as_node_rows(rows)
-    blocks = SeriesBlocks(start=START, end=END, resolution=resolution)
+    points = SpanPoints()
     for first in range(0, len(node_rows), block):
-        blocks.add(node_rows[first : first + block])
-    assert blocks.series() == reference(rows, resolution=resolution)
+        points.add(node_rows[first : first + block])
+    nodes = {row[0] for row in rows}
+    columns = SeriesColumns({}, {metric: "m"})
+    columns.replace_spans({node: (START, END) for node in nodes}, points.columns(), resolution)
+    names = {node: f"n{node}" for node in nodes}
+    kept = {
+        (int(s.node[1:]), metric, -1 if s.gpu is None else s.gpu): list(
+            zip(s.times.tolist(), s.values.tolist(), strict=True)
+        )
+        for s in columns.window(start=START, end=END, names=names)
+    }
+    assert kept == reference(rows, resolution=resolution)
