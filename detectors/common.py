@@ -123,23 +123,24 @@ def use_step_groups(window: ClusterWindow) -> None:
                 mapping = per_step("row_nodes", rows, partial(_rank_to_node, rows))
                 # The ranks sit on the same nodes step after step: a mapping equal to the
                 # one before changes nothing (16,384 ranks × 120 steps were 2 M insertions
-                # a pass). Whether it is equal is kept with the step too, so a pass compares
+                # a pass), and whether it is equal is kept with the step, so a pass compares
                 # only its new steps' (120 comparisons of 16,384 ranks were 30 ms a pass).
-                if last is not None and mapping is not last:
-                    seen = per_step(f"row_nodes_same:{id(last)}", rows,
-                                    partial(_same_mapping, last, mapping))  # fmt: skip
-                    same = seen[1] if seen[0] is last else mapping == last
-                    if not same:
-                        nodes.update(mapping)
-                elif last is None:
+                if last is None or not _same_as_before(rows, mapping, last):
                     nodes.update(mapping)
                 last = mapping
             memo[("row_nodes", id(run.steps))] = (run.steps, nodes)
 
 
-def _same_mapping(before: dict[int, str], mapping: dict[int, str]) -> tuple[dict[int, str], bool]:
-    """(the step before's mapping, whether this step's equals it)."""
-    return before, mapping == before
+def _same_as_before(
+    rows: Sequence[StepRow], mapping: dict[int, str], before: dict[int, str]
+) -> bool:
+    """Whether a step's rank map equals the step before's, kept with the step (per_step)
+    while the step before's map is the same object."""
+    if mapping is before:
+        return True
+    seen, same = per_step(f"row_nodes_same:{id(before)}", rows,
+                          lambda: (before, mapping == before))  # fmt: skip
+    return same if seen is before else mapping == before
 
 
 def _rank_to_node(rows: Sequence[StepRow]) -> dict[int, str]:

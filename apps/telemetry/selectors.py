@@ -190,7 +190,10 @@ def series_columns(
 # here (sorting 327,680 points was a third of the server's time): the client orders a
 # series' points by time, then by their chunk's start, then as read, which is the order a
 # whole read gives them (apps.alerts.selectors.kept_columns).
-_SPANS_SQL = """
+# A chunk of node r that may hold points in its span (r.a on, up to the read's end).
+_NODE_CHUNK = """c.node_id = r.node_id AND c.t1 >= to_timestamp(r.a)
+      AND c.metric_id = ANY(%(metrics)s) AND c.t0 < to_timestamp(%(end)s)"""
+_SPANS_SQL = f"""
 SELECT r.node_id, p.metric_id, p.gpu, p.e0, p.o, p.v, NULL::bytea, NULL::bytea
 FROM unnest(%(nodes)s::int4[], %(starts)s::float8[]) AS r(node_id, a)
 CROSS JOIN LATERAL (
@@ -198,8 +201,7 @@ CROSS JOIN LATERAL (
            array_agg(extract(epoch FROM c.t0)::float8) AS e0, array_agg(c.offsets_ms[1]) AS o,
            array_agg(c.vals[1]) AS v
     FROM telemetry_chunk c
-    WHERE c.node_id = r.node_id AND c.t1 >= to_timestamp(r.a)
-      AND c.metric_id = ANY(%(metrics)s) AND c.t0 < to_timestamp(%(end)s)
+    WHERE {_NODE_CHUNK}
       AND c.ts_pco IS NULL AND cardinality(c.offsets_ms) = 1
     HAVING count(*) > 0
 ) p
@@ -213,8 +215,7 @@ CROSS JOIN LATERAL (
         SELECT c.metric_id, c.gpu::int4 AS gpu, extract(epoch FROM c.t0)::float8 AS e0, u.o, u.v
         FROM telemetry_chunk c
         CROSS JOIN LATERAL unnest(c.offsets_ms, c.vals) WITH ORDINALITY AS u(o, v, i)
-        WHERE c.node_id = r.node_id AND c.t1 >= to_timestamp(r.a)
-          AND c.metric_id = ANY(%(metrics)s) AND c.t0 < to_timestamp(%(end)s)
+        WHERE {_NODE_CHUNK}
           AND c.ts_pco IS NULL AND cardinality(c.offsets_ms) <> 1
         ORDER BY c.t0, c.metric_id, c.gpu, u.i
     ) points
@@ -227,8 +228,7 @@ SELECT c.node_id, array_fill(c.metric_id, ARRAY[c.n]), array_fill(c.gpu::int4, A
 FROM unnest(%(nodes)s::int4[], %(starts)s::float8[]) AS r(node_id, a)
 CROSS JOIN LATERAL (
     SELECT * FROM telemetry_chunk c
-    WHERE c.node_id = r.node_id AND c.t1 >= to_timestamp(r.a)
-      AND c.metric_id = ANY(%(metrics)s) AND c.t0 < to_timestamp(%(end)s)
+    WHERE {_NODE_CHUNK}
       AND c.ts_pco IS NOT NULL
     OFFSET 0  -- a scan per node: never flattened into one scan of the table
 ) c

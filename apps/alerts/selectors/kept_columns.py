@@ -193,6 +193,8 @@ class SeriesColumns:
             held_ts, held_values = self.live(row)
             i, j = held_ts.searchsorted((a, b)).tolist()
             f0, f1 = int(firsts[row]), int(firsts[row + 1])
+            if i == j and f0 == f1:  # nothing held in the span, nothing new: as it was
+                continue
             self._place(
                 row,
                 np.concatenate((held_ts[:i], ts[f0:f1], held_ts[j:])),
