@@ -144,17 +144,17 @@ def _block_points(rows: Sequence[Sequence]) -> tuple[list[Key], np.ndarray, np.n
 
 class SpanPoints:
     """The points of a spans read (node rows, `_SPANS_SQL`) as flat columns in the order
-    read: each point's node id, metric id, gpu, chunk start (e0), ts and value. A kept
-    window places them into its own columns with a few numpy calls a pass, not a call per
-    series (65,536 series a pass at 16,384 ranks: SeriesBlocks' per-series parts were 0.1 s
-    of its CPU)."""
+    read: each point's node id, metric id, gpu, chunk start (e0, epoch seconds), ts and
+    value. A kept window places them into its own columns with a few numpy calls a pass,
+    not a call per series (65,536 series a pass at 16,384 ranks: SeriesBlocks' per-series
+    parts were 0.1 s of its CPU)."""
 
     def __init__(self) -> None:
         self.parts: list[tuple[np.ndarray, ...]] = []
 
     def add(self, rows: Sequence[Sequence]) -> None:
         if rows:
-            stored = [chunk_arrays(*row[4:]) for row in rows]
+            stored = [_node_points(row) for row in rows]
             lengths = [len(offsets) for offsets, _ in stored]
             offsets = np.concatenate([offsets for offsets, _ in stored])
             values = np.concatenate([vals for _, vals in stored])
@@ -171,3 +171,12 @@ class SpanPoints:
             empty = np.empty(0, dtype=np.int64)
             return empty, empty, empty, np.empty(0), np.empty(0), np.empty(0)
         return tuple(np.concatenate(each) for each in zip(*self.parts, strict=True))
+
+
+def _node_points(row: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """(ms offsets from each point's chunk start, values) of a spans read's node row; a row
+    of one-point chunks sends no offsets: each point is at its chunk's start."""
+    offsets, vals, ts_pco = row[4], row[5], row[6]
+    if offsets is None and ts_pco is None:
+        return np.zeros(len(vals), dtype=np.int64), np.asarray(vals, dtype=np.float64)
+    return chunk_arrays(offsets, vals, ts_pco, row[7])

@@ -172,64 +172,69 @@ def series_columns(
     )
 
 
-# Each node's chunks that may hold points in its own span, found by the (node, t1) index
-# (migration 0005) in a scan per node: the few that end in or after the span's start. The
-# series index cannot find them (it holds the GPU before t0, so a bound on a chunk's start
-# walks every chunk of the node's last MAX_CHUNK_SPAN), and a bound on the start per node
-# had the planner AND in the BRIN on t0 at 4.5 ms a node: 10 s a pass at 16,384 ranks with a
-# day of history. One constant bound on the start leaves out the partitions ahead. A chunk
-# starting after its node's span may come too: the caller keeps what falls in each span.
+# Each node's chunks that may hold points in its own span, found by a (node, t1) index
+# (migrations 0005, 0006) in a scan per node: the few that end in or after the span's start.
+# The series index cannot find them (it holds the GPU before t0, so a bound on a chunk's
+# start walks every chunk of the node's last MAX_CHUNK_SPAN), and a bound on the start per
+# node had the planner AND in the BRIN on t0 at 4.5 ms a node: 10 s a pass at 16,384 ranks
+# with a day of history. One constant bound on the start leaves out the partitions ahead. A
+# chunk starting after its node's span may come too: the caller keeps what falls in each span.
 #
 # The recent chunks are raw (a row per batch and series: a second's point at 1 Hz), and a
 # row costs the client ~12 µs to receive whatever it holds, so a node's raw chunks come as
-# one row: every point's metric, GPU, chunk start (e0), offset and value, as arrays. A
-# one-point chunk gives its point without unnest() (a function scan per row was half the
-# server's time at 16,384 ranks, 327,680 such chunks a pass); a chunk of more points gives
-# them in their stored order, each chunk's together. Sealed (encoded) rows come as they are,
-# their metric, GPU and start repeated for each of their `n` points. Nothing is sorted
-# here (sorting 327,680 points was a third of the server's time): the client orders a
-# series' points by time, then by their chunk's start, then as read, which is the order a
-# whole read gives them (apps.alerts.selectors.kept_columns).
+# one row: every point's metric, GPU, chunk start (e0), offset and value, as arrays. Chunk
+# starts come as timestamptz, made seconds by the client (apps.telemetry.arrays): the epoch
+# in SQL cost Postgres 100 ms a pass at 16,384 ranks. A one-point raw chunk (327,680 a pass
+# there) is the common case, and has an index of its own, `_point` (migration 0006): its
+# point is at t0 and its value is vmin (apps.telemetry.chunk_copy writes t0 as its first
+# point's time, its offsets from that, and vmin), so its row is read without its arrays
+# (subscripting them cost 60 ms) and its offsets come as NULL, each 0. The other branches
+# scan the `_other` index of every other chunk: each scanned every chunk of the node before,
+# to keep none of the one-point ones (a third of the read each, 300 ms a pass). A chunk of
+# more points gives them in their stored order, each chunk's together. Sealed (encoded) rows
+# come as they are, their metric, GPU and start repeated for each of their `n` points.
+# Nothing is sorted here (sorting 327,680 points was a third of the server's time): the
+# client orders a series' points by time, then by their chunk's start, then as read, which
+# is the order a whole read gives them (apps.alerts.selectors.kept_columns), but for points
+# of one series at one time in chunks that start at one time: neither read fixes their order.
 # A chunk of node r that may hold points in its span (r.a on, up to the read's end).
 _NODE_CHUNK = """c.node_id = r.node_id AND c.t1 >= to_timestamp(r.a)
       AND c.metric_id = ANY(%(metrics)s) AND c.t0 < to_timestamp(%(end)s)"""
+# The predicates of migration 0006's two partial indexes, written as they are there.
+ONE_POINT_RAW = "c.n = 1 AND c.ts_pco IS NULL"
+NOT_ONE_POINT_RAW = "(c.n <> 1 OR c.ts_pco IS NOT NULL)"
 _SPANS_SQL = f"""
-SELECT r.node_id, p.metric_id, p.gpu, p.e0, p.o, p.v, NULL::bytea, NULL::bytea
+SELECT r.node_id, p.metric_id, p.gpu, p.t0, NULL::int4[], p.v, NULL::bytea, NULL::bytea
 FROM unnest(%(nodes)s::int4[], %(starts)s::float8[]) AS r(node_id, a)
 CROSS JOIN LATERAL (
     SELECT array_agg(c.metric_id) AS metric_id, array_agg(c.gpu::int4) AS gpu,
-           array_agg(extract(epoch FROM c.t0)::float8) AS e0, array_agg(c.offsets_ms[1]) AS o,
-           array_agg(c.vals[1]) AS v
+           array_agg(c.t0) AS t0, array_agg(c.vmin) AS v
     FROM telemetry_chunk c
-    WHERE {_NODE_CHUNK}
-      AND c.ts_pco IS NULL AND cardinality(c.offsets_ms) = 1
+    WHERE {_NODE_CHUNK} AND {ONE_POINT_RAW}
     HAVING count(*) > 0
 ) p
 UNION ALL
-SELECT r.node_id, p.metric_id, p.gpu, p.e0, p.o, p.v, NULL, NULL
+SELECT r.node_id, p.metric_id, p.gpu, p.t0, p.o, p.v, NULL, NULL
 FROM unnest(%(nodes)s::int4[], %(starts)s::float8[]) AS r(node_id, a)
 CROSS JOIN LATERAL (
-    SELECT array_agg(metric_id) AS metric_id, array_agg(gpu) AS gpu, array_agg(e0) AS e0,
+    SELECT array_agg(metric_id) AS metric_id, array_agg(gpu) AS gpu, array_agg(t0) AS t0,
            array_agg(o) AS o, array_agg(v) AS v
     FROM (
-        SELECT c.metric_id, c.gpu::int4 AS gpu, extract(epoch FROM c.t0)::float8 AS e0, u.o, u.v
+        SELECT c.metric_id, c.gpu::int4 AS gpu, c.t0, u.o, u.v
         FROM telemetry_chunk c
         CROSS JOIN LATERAL unnest(c.offsets_ms, c.vals) WITH ORDINALITY AS u(o, v, i)
-        WHERE {_NODE_CHUNK}
-          AND c.ts_pco IS NULL AND cardinality(c.offsets_ms) <> 1
+        WHERE {_NODE_CHUNK} AND {NOT_ONE_POINT_RAW} AND c.ts_pco IS NULL
         ORDER BY c.t0, c.metric_id, c.gpu, u.i
     ) points
     HAVING count(*) > 0
 ) p
 UNION ALL
 SELECT c.node_id, array_fill(c.metric_id, ARRAY[c.n]), array_fill(c.gpu::int4, ARRAY[c.n]),
-       array_fill(extract(epoch FROM c.t0)::float8, ARRAY[c.n]), c.offsets_ms, c.vals,
-       c.ts_pco, c.vals_pco
+       array_fill(c.t0, ARRAY[c.n]), c.offsets_ms, c.vals, c.ts_pco, c.vals_pco
 FROM unnest(%(nodes)s::int4[], %(starts)s::float8[]) AS r(node_id, a)
 CROSS JOIN LATERAL (
     SELECT * FROM telemetry_chunk c
-    WHERE {_NODE_CHUNK}
-      AND c.ts_pco IS NOT NULL
+    WHERE {_NODE_CHUNK} AND {NOT_ONE_POINT_RAW} AND c.ts_pco IS NOT NULL
     OFFSET 0  -- a scan per node: never flattened into one scan of the table
 ) c
 """

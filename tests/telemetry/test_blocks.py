@@ -16,17 +16,19 @@ START, END = 1_000.0, 1_060.0
 
 
 def reference(rows, *, resolution: float) -> dict:
-    """Every series' points in [START, END): stored order, stable-sorted by time, then the
-    newest point of each slot."""
+    """Every series' points in [START, END): the rows' order, stable-sorted by time, then
+    chunk start (stored rows come by chunk start already), then the newest point of each
+    slot."""
     points: dict = {}
     for node, metric, gpu, e0, offsets, vals, _, _ in rows:
         for offset, value in zip(offsets.tolist(), vals.tolist(), strict=True):
             ts = e0 + offset / 1000.0
             if START <= ts < END:
-                points.setdefault((node, metric, gpu), []).append((ts, value))
+                points.setdefault((node, metric, gpu), []).append((ts, e0, value))
     out = {}
-    for key, series in points.items():
-        series.sort(key=lambda point: point[0])  # stable
+    for key, triples in points.items():
+        triples.sort(key=lambda point: point[:2])  # stable
+        series = [(ts, value) for ts, _, value in triples]
         if resolution > 0:
             slot = {math.floor((ts - START) / resolution): (ts, v) for ts, v in series}
             series = [slot[k] for k in sorted(slot)]
@@ -34,9 +36,10 @@ def reference(rows, *, resolution: float) -> dict:
     return out
 
 
-chunk = st.tuples(
-    st.floats(min_value=990.0, max_value=1_070.0, allow_nan=False),  # e0
-    st.lists(st.integers(min_value=0, max_value=9_000), min_size=0, max_size=12),  # offsets
+e0s = st.floats(min_value=990.0, max_value=1_070.0, allow_nan=False)
+chunk = st.one_of(
+    st.tuples(e0s, st.lists(st.integers(min_value=0, max_value=9_000), max_size=12)),
+    st.tuples(e0s, st.just([0])),  # a one-point chunk as ingest writes it: its point at t0
 )
 series_chunks = st.lists(chunk, min_size=1, max_size=5)
 
@@ -80,14 +83,27 @@ def test_a_dense_series_stays_bounded_as_blocks_come():
     assert len(points) == 60 and points[-1][1] == 599.0
 
 
+def one_point(row) -> bool:
+    """A chunk the spans read sends as a one-point raw chunk: its point at its start."""
+    return len(row[4]) == 1 and row[4][0] == 0
+
+
+def read_order(rows) -> list:
+    """Chunk rows in the order the spans read sends their points (_SPANS_SQL): a node's
+    one-point chunks, then its other chunks, each in stored order."""
+    return sorted(rows, key=lambda row: (row[0], not one_point(row)))
+
+
 def as_node_rows(rows) -> list:
     """The same points as the spans read sends them (apps.telemetry.selectors, _SPANS_SQL):
-    a row per node, every point with its metric id, gpu and chunk start."""
+    a row per node of its one-point chunks, their points without offsets, then a row of its
+    other chunks; every point with its metric id, gpu and chunk start."""
     by_node: dict = {}
     for node, metric, gpu, e0, offsets, vals, _, _ in rows:
-        by_node.setdefault(node, []).append((metric, gpu, e0, offsets, vals))
+        kind = one_point((node, metric, gpu, e0, offsets))
+        by_node.setdefault((node, not kind), []).append((metric, gpu, e0, offsets, vals))
     out = []
-    for node, chunks in by_node.items():
+    for (node, other), chunks in sorted(by_node.items()):
         lengths = [len(offsets) for *_, offsets, _ in chunks]
         out.append(
             (
@@ -95,7 +111,7 @@ def as_node_rows(rows) -> list:
                 np.repeat(np.array([c[0] for c in chunks], dtype=np.int32), lengths),
                 np.repeat(np.array([c[1] for c in chunks], dtype=np.int32), lengths),
                 np.repeat(np.array([c[2] for c in chunks]), lengths),
-                np.concatenate([c[3] for c in chunks]),
+                np.concatenate([c[3] for c in chunks]) if other else None,
                 np.concatenate([c[4] for c in chunks]),
                 None,
                 None,
@@ -129,4 +145,4 @@ def test_a_row_per_node_gives_what_a_row_per_chunk_gives(rows, block, resolution
         )
         for s in columns.window(start=START, end=END, names=names)
     }
-    assert kept == reference(rows, resolution=resolution)
+    assert kept == reference(read_order(rows), resolution=resolution)

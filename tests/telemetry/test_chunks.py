@@ -7,7 +7,13 @@ import pytest
 from django.db import connection
 
 from apps.clusters.models import Cluster, Node
-from apps.telemetry.selectors import chunk_storage, metric_id_get, series_read
+from apps.telemetry.selectors import (
+    _SPANS_SQL,
+    chunk_storage,
+    metric_id_get,
+    series_read,
+    span_points,
+)
 from apps.telemetry.services import chunks_compact, samples_group, samples_store
 
 pytestmark = pytest.mark.django_db
@@ -135,3 +141,68 @@ def test_series_groups_keep_whole_series_within_the_points():
     rows = [(1, 1, 0, 600), (1, 1, 1, 600), (1, 1, 2, 300), (1, 1, 3, 5000), (1, 1, 4, 1)]
     groups = list(series_groups(rows, points=1000))
     assert groups == [[(1, 1, 0)], [(1, 1, 1), (1, 1, 2)], [(1, 1, 3)], [(1, 1, 4)]]
+
+
+def test_the_spans_read_gives_every_kind_of_chunk_each_from_its_own_index(node):
+    """One-point raw chunks, raw chunks of more points and a sealed chunk: the spans read
+    gives every point a series read gives (a one-point chunk's at its start, its value its
+    vmin), and each branch scans its own partial (node, t1) index (migration 0006): one
+    whose predicate the planner could not prove would leave a branch to the series index."""
+    start = (time.time() - 3 * 3600) // WIDTH * WIDTH
+    store_batches(node, start, batches=60, per_batch=10)  # a window, sealed below
+    chunks_compact(now=datetime.now(tz=UTC), lookback_windows=30)
+    store_batches(node, start + WIDTH, batches=3, per_batch=10)  # raw, 10 points each
+    store_batches(node, start + WIDTH + 30, batches=20, per_batch=1)  # raw, one point each
+    metric = metric_id_get(name="gpu.util")
+    spans = {node.id: (start + WIDTH - 5, start + WIDTH + 50)}
+
+    nodes, metrics, gpus, starts, ts, values = span_points(
+        spans=spans, metric_ids=[metric]
+    ).columns()
+
+    assert set(nodes.tolist()) == {node.id} and set(metrics.tolist()) == {metric}
+    for gpu in (0, 1):
+        mine = gpus == gpu
+        got = sorted(zip(ts[mine].tolist(), values[mine].tolist(), strict=True))
+        got = [p for p in got if spans[node.id][0] <= p[0] < spans[node.id][1]]
+        want = series_read(node_id=node.id, metric_id=metric, gpu=gpu, start=spans[node.id][0],
+                           end=spans[node.id][1])  # fmt: skip
+        assert got == [tuple(p) for p in want] and len(got) == 55
+    assert starts.min() <= start + WIDTH - 5  # the sealed chunk came, whole
+
+    assert spans_read_indexes(spans, metric) == [
+        "telemetry_chunk_node_t1_point",
+        "telemetry_chunk_node_t1_other",
+        "telemetry_chunk_node_t1_other",
+    ]
+
+
+def spans_read_indexes(spans, metric) -> list[str]:
+    """The parent index of each index the spans read's plan scans, in plan order (sequential
+    scans off: the test's few rows would not make an index worth it)."""
+    params = {
+        "nodes": list(spans),
+        "starts": [a for a, _ in spans.values()],
+        "end": max(b for _, b in spans.values()),
+        "metrics": [metric],
+    }
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {_SPANS_SQL}", params)
+        plan = cursor.fetchone()[0]
+        names = list(index_names(plan[0]["Plan"] if isinstance(plan, list) else plan))
+        cursor.execute(
+            "SELECT child.relname, parent.relname FROM pg_inherits"
+            " JOIN pg_class child ON child.oid = inhrelid"
+            " JOIN pg_class parent ON parent.oid = inhparent WHERE child.relname = ANY(%s)",
+            [names],
+        )
+        parents = dict(cursor.fetchall())
+    return [parents.get(name, name) for name in names]
+
+
+def index_names(plan: dict):
+    if "Index Name" in plan:
+        yield plan["Index Name"]
+    for child in plan.get("Plans", []):
+        yield from index_names(child)
