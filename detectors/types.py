@@ -108,13 +108,13 @@ class Series:
         """A Series of columns the caller vouches for: one-dimensional, float64, read-only,
         of one length (a kept window's slices of its read-only views). It skips the checks
         and views of the constructor, which a pass over 65,536 series pays for each."""
+        # the slots' own setters: object.__setattr__ looks each name up (half the cost)
         series = object.__new__(cls)
-        setter = object.__setattr__
-        setter(series, "node", node)
-        setter(series, "metric", metric)
-        setter(series, "gpu", gpu)
-        setter(series, "times", times)
-        setter(series, "values", values)
+        _SET_NODE(series, node)
+        _SET_METRIC(series, metric)
+        _SET_GPU(series, gpu)
+        _SET_TIMES(series, times)
+        _SET_VALUES(series, values)
         return series
 
     @property
@@ -152,6 +152,11 @@ class Series:
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_series, (self.node, self.metric, self.gpu, self.times, self.values))
+
+
+_SET_NODE, _SET_METRIC, _SET_GPU, _SET_TIMES, _SET_VALUES = (
+    getattr(Series, name).__set__ for name in Series.__slots__
+)
 
 
 def _series(

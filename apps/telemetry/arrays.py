@@ -1,4 +1,4 @@
-"""Postgres int4[], float8[] and timestamptz[] columns fetched in binary, loaded as numpy
+"""Postgres int4[], int8[], float8[] and timestamptz[] columns fetched in binary, loaded as numpy
 arrays: the chunk reads of a window, the compaction and the sealed-history export read
 millions of points, which psycopg's own loaders would make into as many Python numbers."""
 
@@ -44,6 +44,11 @@ class _Int4ArrayLoader(_ArrayLoader):
     native = np.int64
 
 
+class _Int8ArrayLoader(_ArrayLoader):
+    element = np.dtype([("length", ">i4"), ("value", ">i8")])
+    native = np.int64
+
+
 class _Float8ArrayLoader(_ArrayLoader):
     element = np.dtype([("length", ">i4"), ("value", ">f8")])
     native = np.float64
@@ -69,9 +74,10 @@ _INT4 = struct.Struct("!i")
 
 
 def arrays_as_numpy(cursor: psycopg.Cursor) -> psycopg.Cursor:
-    """`cursor`, loading int4[] and float8[] columns fetched in binary as numpy arrays, and
-    timestamptz[] ones as float64 epoch seconds."""
+    """`cursor`, loading int4[], int8[] and float8[] columns fetched in binary as numpy
+    arrays, and timestamptz[] ones as float64 epoch seconds."""
     cursor.adapters.register_loader(postgres.types["int4"].array_oid, _Int4ArrayLoader)
+    cursor.adapters.register_loader(postgres.types["int8"].array_oid, _Int8ArrayLoader)
     cursor.adapters.register_loader(postgres.types["float8"].array_oid, _Float8ArrayLoader)
     cursor.adapters.register_loader(
         postgres.types["timestamptz"].array_oid, _TimestamptzArrayLoader

@@ -143,11 +143,12 @@ def _block_points(rows: Sequence[Sequence]) -> tuple[list[Key], np.ndarray, np.n
 
 
 class SpanPoints:
-    """The points of a spans read (node rows, `_SPANS_SQL`) as flat columns in the order
-    read: each point's node id, metric id, gpu, chunk start (e0, epoch seconds), ts and
-    value. A kept window places them into its own columns with a few numpy calls a pass,
-    not a call per series (65,536 series a pass at 16,384 ranks: SeriesBlocks' per-series
-    parts were 0.1 s of its CPU)."""
+    """The points of a spans read (node rows of node id, series (metric id << 16 | gpu +
+    32768), chunk starts (e0, epoch seconds), offsets, values, encoded ones: `_SPANS_SQL`)
+    as flat columns in the order read: each point's node id, metric id, gpu, chunk start,
+    ts and value. A kept window places them into its own columns with a few numpy calls a
+    pass, not a call per series (65,536 series a pass at 16,384 ranks: SeriesBlocks'
+    per-series parts were 0.1 s of its CPU)."""
 
     def __init__(self) -> None:
         self.parts: list[tuple[np.ndarray, ...]] = []
@@ -159,9 +160,9 @@ class SpanPoints:
             offsets = np.concatenate([offsets for offsets, _ in stored])
             values = np.concatenate([vals for _, vals in stored])
             nodes = np.repeat(np.array([row[0] for row in rows], dtype=np.int64), lengths)
-            metrics = np.concatenate([row[1] for row in rows]).astype(np.int64)
-            gpus = np.concatenate([row[2] for row in rows]).astype(np.int64)
-            starts = np.concatenate([row[3] for row in rows]).astype(np.float64)
+            series = np.concatenate([row[1] for row in rows]).astype(np.int64)
+            metrics, gpus = series >> 16, (series & 0xFFFF) - 32768
+            starts = np.concatenate([row[2] for row in rows]).astype(np.float64)
             ts = starts + (offsets / 1000.0)
             self.parts.append((nodes, metrics, gpus, starts, ts, values))
 
@@ -176,7 +177,7 @@ class SpanPoints:
 def _node_points(row: Sequence) -> tuple[np.ndarray, np.ndarray]:
     """(ms offsets from each point's chunk start, values) of a spans read's node row; a row
     of one-point chunks sends no offsets: each point is at its chunk's start."""
-    offsets, vals, ts_pco = row[4], row[5], row[6]
+    offsets, vals, ts_pco = row[3], row[4], row[5]
     if offsets is None and ts_pco is None:
         return np.zeros(len(vals), dtype=np.int64), np.asarray(vals, dtype=np.float64)
-    return chunk_arrays(offsets, vals, ts_pco, row[7])
+    return chunk_arrays(offsets, vals, ts_pco, row[6])

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from apps.alerts.selectors.kept_columns import SeriesColumns
+from apps.alerts.selectors.kept_columns import SeriesColumns, _left
 
 METRICS = {5: "gpu.temp_c", 9: "gpu.util"}
 NAMES = {1: "node-01", 2: "node-02", 3: "node-03"}
@@ -138,3 +138,26 @@ def test_points_of_one_time_go_by_their_chunks_start_then_as_read():
                           np.array([8.0, 8.0, 8.0]), np.array([1.0, 2.0, 3.0])), 1.0)  # fmt: skip
     (series,) = columns.window(start=0.0, end=10.0, names=NAMES)
     assert series.values.tolist() == [3.0]  # thinned: the newest of the slot, as ordered
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(st.lists(times, max_size=8).map(sorted), min_size=1, max_size=6),
+    x=st.integers(-2, 38).map(lambda half: half / 2),
+)
+def test_every_row_is_bisected_as_searchsorted_bisects_it(rows, x):
+    """_left's one-look shortcuts (a row all below x, or none below) and its bisection of
+    the rest give each row's own left insertion point; rows lie apart in one buffer."""
+    buffer, lo, hi = [], [], []
+    for row in rows:
+        lo.append(len(buffer) + 1)
+        buffer += [-99.0, *row, 99.0]  # points outside the rows, which must not be read
+        hi.append(len(buffer) - 1)
+    lo_, hi_ = np.array(lo), np.array(hi)
+    got = _left(np.array(buffer), lo_, hi_, x)
+    want = [
+        a + int(np.searchsorted(np.array(row), x, side="left"))
+        for a, row in zip(lo, rows, strict=True)
+    ]
+    assert got.tolist() == want
+    assert lo_.tolist() == lo and hi_.tolist() == hi  # the caller's bounds stay as they were

@@ -108,8 +108,10 @@ def as_node_rows(rows) -> list:
         out.append(
             (
                 node,
-                np.repeat(np.array([c[0] for c in chunks], dtype=np.int32), lengths),
-                np.repeat(np.array([c[1] for c in chunks], dtype=np.int32), lengths),
+                np.repeat(
+                    np.array([(c[0] << 16) | (c[1] + 32768) for c in chunks], dtype=np.int64),
+                    lengths,
+                ),
                 np.repeat(np.array([c[2] for c in chunks]), lengths),
                 np.concatenate([c[3] for c in chunks]) if other else None,
                 np.concatenate([c[4] for c in chunks]),

@@ -248,9 +248,17 @@ class SeriesColumns:
 
 def _left(times: np.ndarray, lo: np.ndarray, hi: np.ndarray, x: float) -> np.ndarray:
     """Each row's first position in [lo, hi) whose time is ≥ x (hi when none): a left
-    bisection of every row at once."""
+    bisection of every row at once, but for rows whose points are all below x (as at the
+    window's end, nearly every row) or none is (nothing to drop at its start), which one
+    look at their last or first point settles."""
     lo, hi = lo.copy(), hi.copy()
-    active = np.flatnonzero(lo < hi)
+    rows = np.flatnonzero(lo < hi)
+    below = times[hi[rows] - 1] < x
+    lo[rows[below]] = hi[rows[below]]
+    rows = rows[~below]
+    none_below = times[lo[rows]] >= x
+    hi[rows[none_below]] = lo[rows[none_below]]
+    active = rows[~none_below]
     while active.size:
         mid = (lo[active] + hi[active]) // 2
         below = times[mid] < x
