@@ -4,6 +4,7 @@ pass is timed both ways on the same database at the same `now`.
 
     python bench/kept_window.py --ranks 1024            # the default
     python bench/kept_window.py --ranks 16384 --reps 3
+    python bench/kept_window.py --ranks 16384 --reps 3 --all-gpu-metrics   # 7 a GPU, not 4
 
 Prints, per way (median of the reps; wall, this process's CPU and its Postgres backends' CPU
 read from /proc when Postgres runs on this host, in 10 ms ticks): loading the run's step
@@ -86,7 +87,9 @@ SELECT n.id, m.id, g, to_timestamp(s), to_timestamp(s), 1, v, v, v, false, ARRAY
 FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) s
 CROSS JOIN unnest(%(nodes)s::int4[]) n(id) CROSS JOIN generate_series(0, 7) g
 CROSS JOIN telemetry_metric m
-CROSS JOIN LATERAL (SELECT 60 + (s %% 7 + g)::float8 AS v) x
+CROSS JOIN LATERAL (SELECT CASE m.name WHEN 'gpu.mem_total_bytes' THEN 8.0e10
+    WHEN 'gpu.power_limit_w' THEN 700 WHEN 'gpu.throttle_reasons' THEN 0
+    ELSE 60 + (s %% 7 + g)::float8 END AS v) x
 WHERE m.name = ANY(%(metrics)s)
 """
 
@@ -146,7 +149,11 @@ def main() -> None:
     parser.add_argument("--new-steps", type=int, default=5, help="steps between passes (5)")
     parser.add_argument("--history-hours", type=float, default=0.0,
                         help="hours of sealed telemetry before the window (0)")  # fmt: skip
+    parser.add_argument("--all-gpu-metrics", action="store_true",
+                        help="all 7 GPU window metrics, not 4 (as NVML agents)")  # fmt: skip
     args = parser.parse_args()
+    if args.all_gpu_metrics:
+        pages_seed.METRICS = pages_seed.METRICS + pages_seed.MORE_METRICS
     _, conninfo = pages_seed.scratch_django(ranks=args.ranks)
     end = float(int(time.time()) - args.reps * args.new_steps)
     began = time.perf_counter()
@@ -228,8 +235,9 @@ def report(rows: dict[str, list[tuple[float, float, float]]], *, args: Any,
            window_steps: int) -> None:  # fmt: skip
     med = {key: tuple(statistics.median(v[i] for v in values) for i in (0, 1, 2))
            for key, values in rows.items()}  # fmt: skip
-    print(f"\n{args.ranks:,} ranks, window {window_steps} steps, {args.new_steps} new steps "
-          f"a pass, median of {args.reps} (ms; Postgres: its backends' CPU)")  # fmt: skip
+    print(f"\n{args.ranks:,} ranks, {len(pages_seed.METRICS)} GPU metrics, window {window_steps} "
+          f"steps, {args.new_steps} new steps a pass, median of {args.reps} "
+          f"(ms; Postgres: its backends' CPU)")  # fmt: skip
     print(f"{'':24}{'wall':>10}{'CPU':>10}{'Postgres':>10}{'CPU+PG':>10}")
     for key, (wall, cpu, server) in med.items():
         print(f"{key:24}{wall:10.1f}{cpu:10.1f}{server:10.1f}{cpu + server:10.1f}")

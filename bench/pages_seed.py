@@ -9,6 +9,10 @@ from typing import Any
 CLUSTER, RUN = "bench", "bench-run"
 NODES, GPUS, RANKS = 32, 8, 256
 METRICS = ("gpu.util", "gpu.mem_used_bytes", "gpu.temp_c", "gpu.power_w")
+# The detectors' other GPU window metrics (apps.alerts.selectors.window.WINDOW_METRICS), at
+# healthy constants: bench/kept_window.py --all-gpu-metrics seeds them too, as an NVML
+# agent sends them.
+MORE_METRICS = ("gpu.mem_total_bytes", "gpu.power_limit_w", "gpu.throttle_reasons")
 SLOW_RANK = 137
 
 # 16 value patterns per metric, 600 points each: chunks copy one (no per-point work here).
@@ -21,6 +25,9 @@ CROSS JOIN LATERAL (SELECT round((CASE m.name
     WHEN 'gpu.util' THEN 85 + 12 * sin(i / 30.0 + p)
     WHEN 'gpu.mem_used_bytes' THEN 6.0e10 + 1.0e9 * sin(i / 90.0 + p)
     WHEN 'gpu.temp_c' THEN 70 + 5 * sin(i / 120.0 + p)
+    WHEN 'gpu.mem_total_bytes' THEN 8.0e10
+    WHEN 'gpu.power_limit_w' THEN 700
+    WHEN 'gpu.throttle_reasons' THEN 0
     ELSE 550 + 80 * sin(i / 45.0 + p) END)::numeric, 2)::float8 AS v) x
 WHERE m.name = ANY(%(metrics)s)
 GROUP BY m.id, p

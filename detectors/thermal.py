@@ -25,7 +25,14 @@ from detectors.common import (
     series_index,
 )
 from detectors.config import DEFAULT_CONFIG, DetectorConfig
-from detectors.sustained import at_least, mask_bits, over, sustained_tails, sustained_where
+from detectors.sustained import (
+    at_least,
+    mask_bits,
+    over,
+    sustained_tails,
+    sustained_tails_each,
+    sustained_where,
+)
 from detectors.types import ClusterWindow, Finding, FloatColumn, Series
 
 # NVML clocksEventReasons (nvmlClocksThrottleReasons) bits, in bit order.
@@ -101,10 +108,14 @@ def _may_raise(window: ClusterWindow, config: DetectorConfig) -> list[tuple[str,
     hot = sustained_tails(
         temps, partial(over, limit=config.thermal_temp_c), config.thermal_temp_s, share
     )
-    throttled = sustained_tails(
-        masks, partial(mask_bits, bits=THERMAL_BITS), config.throttle_s, share
+    throttled, capped = sustained_tails_each(
+        masks,
+        [
+            (partial(mask_bits, bits=THERMAL_BITS), config.throttle_s),
+            (partial(mask_bits, bits=POWER_BITS), config.power_s),
+        ],
+        share,
     )
-    capped = sustained_tails(masks, partial(mask_bits, bits=POWER_BITS), config.power_s, share)
     gpus = {(s.node, s.gpu) for s, yes in zip(temps, hot, strict=True) if yes}
     gpus |= {(s.node, s.gpu) for s, *yes in zip(masks, throttled, capped, strict=True) if any(yes)}
     return sorted(gpus)  # type: ignore[arg-type]

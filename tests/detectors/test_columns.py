@@ -16,7 +16,14 @@ from detectors.common import (
     median,
 )
 from detectors.config import DEFAULT_CONFIG
-from detectors.sustained import mask_bits, over, sustained, sustained_met, sustained_tails
+from detectors.sustained import (
+    mask_bits,
+    over,
+    sustained,
+    sustained_met,
+    sustained_tails,
+    sustained_tails_each,
+)
 from detectors.types import Series
 from tests.detectors.builders import T0, cluster
 
@@ -208,3 +215,17 @@ def test_thermal_over_columns_finds_what_the_tuple_walk_found(gpus):
         for s in telemetry
     ]
     assert detect_all(cluster(telemetry=columns), T0) == detect_all(window, T0)
+
+
+@given(
+    st.lists(temperatures(), max_size=6),
+    st.lists(st.tuples(st.floats(70.0, 95.0), st.sampled_from([0.0, 10.0, 30.0])), max_size=4),
+    shares,
+)
+def test_conditions_sharing_tails_say_what_each_says_alone(many, conditions, share):
+    """`sustained_tails_each` joins the tails of each span once for all its conditions:
+    whatever the spans (equal or not), each condition's answer is `sustained_tails`'."""
+    series = [Series("n", "gpu.temp_c", gpu, points) for gpu, points in enumerate(many)]
+    each = [(partial(over, limit=limit), span) for limit, span in conditions]
+    together = sustained_tails_each(series, each, share)
+    assert together == [sustained_tails(series, met_of, span, share) for met_of, span in each]
