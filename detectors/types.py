@@ -155,7 +155,7 @@ class Series:
 
 
 _SET_NODE, _SET_METRIC, _SET_GPU, _SET_TIMES, _SET_VALUES = (
-    getattr(Series, name).__set__ for name in Series.__slots__
+    getattr(Series, name).__set__ for name in ("node", "metric", "gpu", "times", "values")
 )
 
 

@@ -183,27 +183,28 @@ def series_columns(
 # The recent chunks are raw (a row per batch and series: a second's point at 1 Hz), and a
 # row costs the client ~12 µs to receive whatever it holds, so a node's raw chunks come as
 # one row: every point's series (metric and GPU), chunk start (e0), offset and value, as
-# arrays. Chunk
-# starts come as timestamptz, made seconds by the client (apps.telemetry.arrays): the epoch
-# in SQL cost Postgres 100 ms a pass at 16,384 ranks. A one-point raw chunk (327,680 a pass
-# there) is the common case, and has an index of its own, `_point` (migration 0006): its
-# point is at t0 and its value is vmin (apps.telemetry.chunk_copy writes t0 as its first
-# point's time, its offsets from that, and vmin), so its row is read without its arrays
+# arrays. Chunk starts come as timestamptz, made seconds by the client (apps.telemetry.arrays):
+# the epoch in SQL cost Postgres 100 ms a pass at 16,384 ranks. A one-point raw chunk
+# (327,680 a pass there) is the common case and has an index of its own, `_point` (migration
+# 0006): its point is at t0 and its value is vmin (apps.telemetry.chunk_copy writes t0 as its
+# first point's time, its offsets from that, and vmin), so its row is read without its arrays
 # (subscripting them cost 60 ms) and its offsets come as NULL, each 0. The other branches
-# scan the `_other` index of every other chunk: each scanned every chunk of the node before,
-# to keep none of the one-point ones (a third of the read each, 300 ms a pass). A chunk of
-# more points gives them in their stored order, each chunk's together. Sealed (encoded) rows
-# come as they are, their metric, GPU and start repeated for each of their `n` points.
-# Nothing is sorted here (sorting 327,680 points was a third of the server's time): the
-# client orders a series' points by time, then by their chunk's start, then as read, which
-# is the order a whole read gives them (apps.alerts.selectors.kept_columns), but for points
-# of one series at one time in chunks that start at one time: neither read fixes their order.
+# scan the `_other` index of every other chunk (with one index, each scanned every chunk of
+# the node to keep none of the one-point ones: a third of the read each, 300 ms a pass). A
+# chunk of more points gives them in their stored order, each chunk's together. Sealed
+# (encoded) rows come as they are, their series and start repeated for each of their `n`
+# points. Nothing is sorted here (sorting 327,680 points was a third of the server's time):
+# the client orders a series' points by time, then by their chunk's start, then as read,
+# which is the order a whole read gives them (apps.alerts.selectors.kept_columns), but for
+# points of one series at one time in chunks that start at one time: neither read fixes
+# their order.
 # A chunk of node r that may hold points in its span (r.a on, up to the read's end).
 _NODE_CHUNK = """c.node_id = r.node_id AND c.t1 >= to_timestamp(r.a)
       AND c.metric_id = ANY(%(metrics)s) AND c.t0 < to_timestamp(%(end)s)"""
-# The predicates of migration 0006's two partial indexes, written as they are there.
-ONE_POINT_RAW = "c.n = 1 AND c.ts_pco IS NULL"
-NOT_ONE_POINT_RAW = "(c.n <> 1 OR c.ts_pco IS NOT NULL)"
+# The predicates of migration 0006's two partial indexes, written as they are there (the
+# planner uses a partial index only where it can prove its predicate from the query's).
+_ONE_POINT_RAW = "c.n = 1 AND c.ts_pco IS NULL"
+_NOT_ONE_POINT_RAW = "(c.n <> 1 OR c.ts_pco IS NOT NULL)"
 # A point's series as one int8, metric id · gpu (blocks.SpanPoints unpacks it): one array
 # for the two is ~25 ms less of Postgres a pass at 16,384 ranks.
 _SERIES = "(c.metric_id::int8 << 16) | (c.gpu + 32768)"
@@ -213,7 +214,7 @@ FROM unnest(%(nodes)s::int4[], %(starts)s::float8[]) AS r(node_id, a)
 CROSS JOIN LATERAL (
     SELECT array_agg({_SERIES}) AS series, array_agg(c.t0) AS t0, array_agg(c.vmin) AS v
     FROM telemetry_chunk c
-    WHERE {_NODE_CHUNK} AND {ONE_POINT_RAW}
+    WHERE {_NODE_CHUNK} AND {_ONE_POINT_RAW}
     HAVING count(*) > 0
 ) p
 UNION ALL
@@ -226,7 +227,7 @@ CROSS JOIN LATERAL (
         SELECT {_SERIES} AS series, c.t0, u.o, u.v
         FROM telemetry_chunk c
         CROSS JOIN LATERAL unnest(c.offsets_ms, c.vals) WITH ORDINALITY AS u(o, v, i)
-        WHERE {_NODE_CHUNK} AND {NOT_ONE_POINT_RAW} AND c.ts_pco IS NULL
+        WHERE {_NODE_CHUNK} AND {_NOT_ONE_POINT_RAW} AND c.ts_pco IS NULL
         ORDER BY c.t0, c.metric_id, c.gpu, u.i
     ) points
     HAVING count(*) > 0
@@ -237,7 +238,7 @@ SELECT c.node_id, array_fill({_SERIES}, ARRAY[c.n]), array_fill(c.t0, ARRAY[c.n]
 FROM unnest(%(nodes)s::int4[], %(starts)s::float8[]) AS r(node_id, a)
 CROSS JOIN LATERAL (
     SELECT * FROM telemetry_chunk c
-    WHERE {_NODE_CHUNK} AND {NOT_ONE_POINT_RAW} AND c.ts_pco IS NOT NULL
+    WHERE {_NODE_CHUNK} AND {_NOT_ONE_POINT_RAW} AND c.ts_pco IS NOT NULL
     OFFSET 0  -- a scan per node: never flattened into one scan of the table
 ) c
 """

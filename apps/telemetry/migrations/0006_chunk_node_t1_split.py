@@ -4,7 +4,7 @@
 # other chunk (raw ones of more points, and sealed ones). The span read of the detectors'
 # kept window takes each kind from its own index: with one index, its branches for the rare
 # kinds scanned every recent chunk of a node to keep none of the one-point ones, 2 of its 3
-# scans (apps.telemetry.selectors, ONE_POINT_RAW; the predicates are written as there).
+# scans (apps.telemetry.selectors, _ONE_POINT_RAW; the predicates are written as there).
 # New indexes first, then the old one goes: a read never lacks an index. Created on the
 # partitioned table, so every partition gets its own; docs/operations.md says what the
 # build blocks ("Upgrading: migrations that build indexes").
