@@ -70,6 +70,19 @@ def _info_item(text: str) -> tuple[str, str]:
     return key, value.replace("\x00", "")
 
 
+MAX_BATCH_SECONDS = 60.0  # what is gathered lives in memory until it is spooled
+
+
+def _batch_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_BATCH_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds from 0 to {MAX_BATCH_SECONDS:g}")
+    return seconds
+
+
 def _env_bool(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -139,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=float(env("OPSBOARD_INTERVAL", "10")),
         help="seconds between collections (default 10)",
+    )
+    run.add_argument(
+        "--batch-seconds",
+        type=_batch_seconds,
+        default=env("OPSBOARD_BATCH_SECONDS", "10"),  # a string: argparse applies `type`
+        help="gather the ticks of this many seconds into one batch, one POST (default 10: "
+        "with the default --interval every tick is its own batch, at --interval 1 ten ticks "
+        "are; 0: a batch a tick). Ticks not yet spooled are lost to a kill -9",
     )
     run.add_argument(
         "--spool-dir",
@@ -231,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     node = sanitize_name(args.node)
     sender = Sender(spool, server=args.server, token=token, ca_file=args.ca_file)
     shipper = Shipper(spool=spool, sender=sender, node=node, node_info=node_info).start()
-    agent = Agent(collectors, shipper, interval=args.interval)
+    agent = Agent(collectors, shipper, interval=args.interval, batch_seconds=args.batch_seconds)
     metrics_server = None
     if args.metrics_port:
         from opsboard_agent.metrics import metrics_serve  # its HTTP server: only when asked
@@ -262,10 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     # Only the collectors that run: one that found no source already said so.
     log.info(
-        "opsboard-agent: node %s → %s every %.1f s (spool %s, %d collectors: %s)",
+        "opsboard-agent: node %s → %s every %.1f s, a batch every %.1f s (spool %s, "
+        "%d collectors: %s)",
         node,
         args.server,
         args.interval,
+        max(args.interval, args.batch_seconds),
         args.spool_dir,
         len(collectors),
         ", ".join(c.name for c in collectors),
@@ -280,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         shipper.close(drain_timeout=5.0)
         for collector in collectors:
             collector.close()
-        log.info("stopped; %d batches left in the spool", len(spool))
+        log.info("stopped after %d ticks; %d batches left in the spool", agent.ticks, len(spool))
     return 0
 
 

@@ -56,6 +56,14 @@ class AgentCollector(Collector):
             value=stats.retries,
         )
         yield CounterMetricFamily(
+            "opsboard_agent_ticks", "Collection ticks run", value=self.agent.ticks
+        )
+        yield GaugeMetricFamily(
+            "opsboard_agent_gathered_records",
+            "Records collected and not yet spooled (ticks gathered for the next batch)",
+            value=self.agent.shipper.pending(),
+        )
+        yield CounterMetricFamily(
             "opsboard_agent_collector_errors",
             "Collections that raised",
             value=self.agent.collector_errors,

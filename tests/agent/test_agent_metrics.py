@@ -29,7 +29,7 @@ def running_agent(server: str, secret: str, tmp_path: Path, port: int) -> Iterat
     command = [
         *(sys.executable, "-m", "opsboard_agent", "run", "--server", server),
         *("--token-file", str(token), "--node", "node-metrics", "--no-gpu"),
-        *("--interval", "0.3", "--spool-dir", str(tmp_path / "spool")),
+        *("--interval", "0.3", "--batch-seconds", "0.9", "--spool-dir", str(tmp_path / "spool")),
         *("--metrics-port", str(port)),
     ]
     agent = subprocess.Popen(
@@ -64,6 +64,10 @@ def test_a_running_agent_reports_what_it_delivered(live_stack, agent_token, tmp_
         assert value(samples, "opsboard_agent_send_attempts_total") >= 3
         assert value(samples, "opsboard_agent_spool_dropped_batches_total") == 0
         assert ("opsboard_agent_spool_batches", ()) in samples
+        # three ticks a batch after the first: ticks outnumber the batches delivered
+        delivered = value(samples, "opsboard_agent_batches_sent_total", outcome="delivered")
+        assert value(samples, "opsboard_agent_ticks_total") >= 2 * delivered
+        assert ("opsboard_agent_gathered_records", ()) in samples
 
 
 def test_an_agent_whose_server_is_away_shows_its_spool_growing_and_its_retries(tmp_path):

@@ -17,12 +17,14 @@ def test_options_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("OPSBOARD_NODE", "node-9")
     monkeypatch.setenv("OPSBOARD_SCRAPE", "http://a/metrics,http://b/metrics")
     monkeypatch.setenv("OPSBOARD_INTERVAL", "2.5")
+    monkeypatch.setenv("OPSBOARD_BATCH_SECONDS", "5")
     args = build_parser().parse_args(["run", "--node", "node-10"])
-    assert (args.server, args.token_file, args.node, args.interval) == (
+    assert (args.server, args.token_file, args.node, args.interval, args.batch_seconds) == (
         "http://s",
         "/t",
         "node-10",
         2.5,
+        5.0,
     )
     assert args.scrape == ["http://a/metrics", "http://b/metrics"]
 
@@ -60,9 +62,29 @@ def test_it_exits_cleanly_on_sigterm_and_keeps_what_it_could_not_send(tmp_path):
     assert agent.returncode == 0, stderr
     assert "GPU collector unavailable" in stderr and "received SIGTERM" in stderr
     batches = [json.loads(p.read_bytes()) for p in sorted(spool.glob("*.batch"))]
-    assert len(batches) >= 5
+    # By default ticks are gathered for 10 s: the first tick went alone, SIGTERM spooled the
+    # rest as one batch.
+    ticks = [
+        [s["ts"] for s in b["samples"] if s["metric"] == "agent.collector_errors"] for b in batches
+    ]
+    assert [len(t) for t in ticks[:1]] == [1] and len(ticks) == 2 and len(ticks[1]) >= 4
+    assert f"stopped after {sum(map(len, ticks))} ticks; 2 batches left" in stderr
     assert len({b["batch_id"] for b in batches}) == len(batches)
     assert all(b["node"] == "node-01" and b["samples"] for b in batches)
+
+
+def test_batch_seconds_is_bounded(tmp_path):
+    for value in ("-1", "61", "nan", "ten"):
+        result = subprocess.run(
+            [sys.executable, "-m", "opsboard_agent", "run", "--batch-seconds", value],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        assert result.returncode == 2 and "seconds from 0 to 60" in result.stderr, value
+    assert build_parser().parse_args(["run"]).batch_seconds == 10.0
+    assert build_parser().parse_args(["run", "--batch-seconds", "0"]).batch_seconds == 0.0
 
 
 def test_it_refuses_to_start_without_a_server(tmp_path):

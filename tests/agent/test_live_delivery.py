@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -147,6 +148,8 @@ def test_kill_9_mid_flush_loses_nothing_and_duplicates_nothing(
         "node-k9",
         "--interval",
         "0.05",
+        "--batch-seconds",  # a batch a tick: many flushes for the kills to land in
+        "0",
         "--spool-dir",
         str(spool_dir),
         "--spool-journal",
@@ -188,3 +191,51 @@ def test_kill_9_mid_flush_loses_nothing_and_duplicates_nothing(
     assert len(raw_points(live_stack.url, secret, "node-k9", "agent.collector_errors")) == len(
         spooled
     )
+
+
+def test_gathered_ticks_are_stored_once_each_as_chunks_of_many_points(
+    live_stack, agent_token, live_db, tmp_path
+):
+    from django.db import connection
+
+    token, secret = agent_token
+    token_file = tmp_path / "token"
+    token_file.write_text(secret)
+    command = [
+        *(sys.executable, "-m", "opsboard_agent", "run", "--server", live_stack.url),
+        *("--token-file", str(token_file), "--node", "node-b1", "--no-gpu"),
+        *("--interval", "0.2", "--batch-seconds", "1", "--spool-dir", str(tmp_path / "spool")),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    agent = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    agent.send_signal(signal.SIGTERM)
+    _, stderr = agent.communicate(timeout=30)
+    assert agent.returncode == 0, stderr
+    stopped = re.search(r"stopped after (\d+) ticks; 0 batches left", stderr)
+    assert stopped, stderr
+    ticks = int(stopped.group(1))
+    assert ticks >= 10
+    # One agent.collector_errors sample a tick: every tick stored, none twice.
+    wait_until(
+        lambda: (
+            len(raw_points(live_stack.url, secret, "node-b1", "agent.collector_errors")) >= ticks
+        ),
+        60,
+        "every tick to be stored",
+    )
+    points = raw_points(live_stack.url, secret, "node-b1", "agent.collector_errors")
+    assert len(points) == len({p[0] for p in points}) == ticks
+    batches = inbox_ids(token)
+    assert len(batches) == len(set(batches)) <= 2 + ticks // 5 - 1  # the first tick alone
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT max(c.n), sum(c.n) FROM telemetry_chunk c"
+            " JOIN telemetry_metric m ON m.id = c.metric_id"
+            " JOIN clusters_node n ON n.id = c.node_id"
+            " WHERE n.cluster_id = %s AND n.name = 'node-b1'"
+            " AND m.name = 'agent.collector_errors'",
+            [token.cluster_id],
+        )
+        most, total = cursor.fetchone()
+    assert total == ticks and most >= 4  # a chunk a batch: ≈ 5 ticks each

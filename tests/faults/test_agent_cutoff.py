@@ -51,7 +51,8 @@ class Agent:
         self.metrics_url = f"http://127.0.0.1:{port}/metrics"
         command = [sys.executable, "-m", "opsboard_agent", "run", "--server", url]
         command += ["--token-file", str(token_file), "--node", NODE, "--no-gpu"]
-        command += ["--interval", str(INTERVAL_S), "--spool-dir", str(self.spool)]
+        command += ["--interval", str(INTERVAL_S), "--batch-seconds", "0"]
+        command += ["--spool-dir", str(self.spool)]
         command += ["--spool-max-mb", str(CAP_BYTES / 2**20), "--spool-journal"]
         command += ["--metrics-port", str(port)]
         LOG_DIR.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from opsboard_agent.agent import Agent
 from opsboard_agent.metrics import AgentCollector
 from opsboard_agent.sender import Sender
+from opsboard_agent.shipper import Shipper
 from opsboard_agent.spool import Spool
 from tests.metrics.scrape import AUTH, TOKEN, parse
 
@@ -31,12 +32,13 @@ def served_names(tmp_path: Path) -> set[str]:
     try:
         sender = Sender(spool, server="http://127.0.0.1:9", token="t")
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(AgentCollector(spool=spool, sender=sender, agent=Agent([], None)))  # type: ignore[arg-type]
-        agent = generate_latest(registry).decode()
+        agent = Agent([], Shipper(spool=spool, sender=sender, node="n"))
+        registry.register(AgentCollector(spool=spool, sender=sender, agent=agent))
+        exposition = generate_latest(registry).decode()
     finally:
         spool.close()
     names: set[str] = set()
-    for text in (server, agent):
+    for text in (server, exposition):
         samples, families = parse(text)
         names |= families | {name for name, _ in samples}
     return names
