@@ -79,30 +79,57 @@ def backends_find() -> None:
             _BACKENDS.append(pid)
 
 
-# A raw chunk a second of each node's GPU series (an agent's 1 Hz batch, one point each).
+# Each node's GPU series as the agent posts them (opsboard_agent.agent: `ticks` 1 Hz ticks a
+# batch, a raw chunk of that many points a series): node number i posts at the seconds s with
+# (s + i) % ticks = 0 the points since its last post, none before `start` (the seeded
+# window's end); the nodes' posts are staggered as their agents' start times are. A chunk's
+# point is at t0 and vmin is its value when it has one, as ingest writes it.
 _SAMPLES_SQL = """
+WITH posted AS (
 INSERT INTO telemetry_chunk (node_id, metric_id, gpu, t0, t1, n, vmin, vmax, vsum, sealed,
                              offsets_ms, vals)
-SELECT n.id, m.id, g, to_timestamp(s), to_timestamp(s), 1, v, v, v, false, ARRAY[0], ARRAY[v]
+SELECT n.id, m.id, g, to_timestamp(p.t0), to_timestamp(s), a.n, a.vmin, a.vmax, a.vsum, false,
+       a.offs, a.vals
 FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) s
-CROSS JOIN unnest(%(nodes)s::int4[]) n(id) CROSS JOIN generate_series(0, 7) g
+CROSS JOIN unnest(%(nodes)s::int4[]) WITH ORDINALITY n(id, i)
+CROSS JOIN LATERAL (SELECT greatest(s - %(ticks)s + 1, %(start)s::bigint) AS t0) p
+CROSS JOIN generate_series(0, 7) g
 CROSS JOIN telemetry_metric m
-CROSS JOIN LATERAL (SELECT CASE m.name WHEN 'gpu.mem_total_bytes' THEN 8.0e10
-    WHEN 'gpu.power_limit_w' THEN 700 WHEN 'gpu.throttle_reasons' THEN 0
-    ELSE 60 + (s %% 7 + g)::float8 END AS v) x
-WHERE m.name = ANY(%(metrics)s)
+CROSS JOIN LATERAL (
+    SELECT count(*)::int4 AS n, min(x.v) AS vmin, max(x.v) AS vmax, sum(x.v) AS vsum,
+           array_agg(((t - p.t0) * 1000)::int4 ORDER BY t) AS offs,
+           array_agg(x.v ORDER BY t) AS vals
+    FROM generate_series(p.t0, s) t
+    CROSS JOIN LATERAL (SELECT CASE m.name WHEN 'gpu.mem_total_bytes' THEN 8.0e10
+        WHEN 'gpu.power_limit_w' THEN 700 WHEN 'gpu.throttle_reasons' THEN 0
+        ELSE 60 + (t %% 7 + g)::float8 END AS v) x) a
+WHERE m.name = ANY(%(metrics)s) AND (s + n.i) %% %(ticks)s = 0
+RETURNING node_id, t0, t1)
+INSERT INTO telemetry_samplechange (node_id, t0, t1)
+SELECT node_id, extract(epoch FROM min(t0)), extract(epoch FROM max(t1))
+FROM posted GROUP BY node_id
 """
 
 
 def data_arrives(
-    *, conninfo: str, run_id: int, nodes: list[int], first: int, lo: int, hi: int
+    *,
+    conninfo: str,
+    run_id: int,
+    nodes: list[int],
+    first: int,
+    lo: int,
+    hi: int,
+    start: int | None = None,
+    ticks: int = 1,
 ) -> None:
-    """Step reports of every rank and samples of every node for the seconds [lo, hi), stored
-    and logged as changed in one transaction, as ingest does; the run's last step moves on."""
+    """Step reports of every rank for the seconds [lo, hi), and the samples the nodes post
+    in them (`ticks` a POST, none before `start`, default lo), stored and logged as changed
+    in one transaction, as ingest does; the run's last step moves on."""
     import psycopg
 
     params = {"lo": lo, "hi": hi, "first": first, "run": run_id, "nodes": nodes}
     params |= {"slow": pages_seed.SLOW_RANK, "ranks": pages_seed.RANKS}
+    params |= {"start": lo if start is None else start, "ticks": ticks}
     with psycopg.connect(conninfo) as conn:
         conn.execute(pages_seed.STEPS_SQL, params)
         conn.execute(
@@ -114,11 +141,6 @@ def data_arrives(
             [run_id, lo - first, hi - 1 - first],
         )
         conn.execute(_SAMPLES_SQL, params | {"metrics": list(pages_seed.METRICS)})
-        conn.execute(
-            "INSERT INTO telemetry_samplechange (node_id, t0, t1)"
-            " SELECT id, %s, %s FROM unnest(%s::int4[]) id",
-            [lo, hi - 1, nodes],
-        )
 
 
 # Sealed history before the seeded window: each series' seeded chunk, copied back a chunk's
@@ -151,6 +173,9 @@ def main() -> None:
                         help="hours of sealed telemetry before the window (0)")  # fmt: skip
     parser.add_argument("--all-gpu-metrics", action="store_true",
                         help="all 7 GPU window metrics, not 4 (as NVML agents)")  # fmt: skip
+    parser.add_argument("--ticks-per-post", type=int, default=10,
+                        help="1 Hz ticks an agent posts at once (10: its default "
+                        "--batch-seconds; 1: a POST a tick)")  # fmt: skip
     args = parser.parse_args()
     if args.all_gpu_metrics:
         pages_seed.METRICS = pages_seed.METRICS + pages_seed.MORE_METRICS
@@ -200,7 +225,8 @@ def passes(*, args: argparse.Namespace, ids: dict[str, Any], conninfo: str, end:
     for rep in range(args.reps):
         lo = end + rep * args.new_steps
         data_arrives(conninfo=conninfo, run_id=ids["run"], nodes=ids["nodes"],
-                     first=end - SEED_STEPS, lo=lo, hi=lo + args.new_steps)  # fmt: skip
+                     first=end - SEED_STEPS, lo=lo, hi=lo + args.new_steps, start=end,
+                     ticks=args.ticks_per_post)  # fmt: skip
         now = float(lo + args.new_steps)
         edge = live_telemetry_end(now)
         timings = {
@@ -236,8 +262,8 @@ def report(rows: dict[str, list[tuple[float, float, float]]], *, args: Any,
     med = {key: tuple(statistics.median(v[i] for v in values) for i in (0, 1, 2))
            for key, values in rows.items()}  # fmt: skip
     print(f"\n{args.ranks:,} ranks, {len(pages_seed.METRICS)} GPU metrics, window {window_steps} "
-          f"steps, {args.new_steps} new steps a pass, median of {args.reps} "
-          f"(ms; Postgres: its backends' CPU)")  # fmt: skip
+          f"steps, {args.new_steps} new steps a pass, {args.ticks_per_post} ticks a POST, "
+          f"median of {args.reps} (ms; Postgres: its backends' CPU)")  # fmt: skip
     print(f"{'':24}{'wall':>10}{'CPU':>10}{'Postgres':>10}{'CPU+PG':>10}")
     for key, (wall, cpu, server) in med.items():
         print(f"{key:24}{wall:10.1f}{cpu:10.1f}{server:10.1f}{cpu + server:10.1f}")
