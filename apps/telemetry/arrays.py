@@ -68,6 +68,45 @@ class _TimestamptzArrayLoader(_ArrayLoader):
         return (values + _POSTGRES_EPOCH_US).astype(np.float64) / 1e6
 
 
+def arrays_joined(sent: bytes, counts: np.ndarray, element: str) -> np.ndarray:
+    """The elements, as one numpy array, of one-dimensional arrays without NULLs of
+    `counts[i]` elements each, as `string_agg(array_send(a), '')` joins them; `element` is
+    their type, 'int4' or 'float8'. A node's many-point chunks so cost Postgres a copy of
+    their arrays, where unnesting them cost it a row a point (apps.telemetry.selectors,
+    _SPANS_SQL). Raises ValueError where the arrays are not what `counts` says."""
+    oid, value, native = _JOINED[element]
+    step = 4 + value.itemsize  # each element's length, then its bytes
+    counts = np.asarray(counts, dtype=np.int64)
+    # an empty array is sent with no dimension: ndim 0, has-nulls, oid
+    heads_bytes = np.where(counts > 0, _ARRAY_HEAD_BYTES, 12)
+    sizes = heads_bytes + step * counts
+    ends = np.cumsum(sizes)
+    if counts.size == 0 or counts.min() < 0 or ends[-1] != len(sent):
+        raise ValueError("joined arrays: their lengths are not the counts given")
+    heads = ends - sizes
+    raw = np.frombuffer(sent, dtype=np.uint8)
+    header = raw[heads[:, None] + np.arange(12)].view(">i4")
+    dims = raw[heads[counts > 0, None] + np.arange(12, _ARRAY_HEAD_BYTES)].view(">i4")
+    # one dimension (none when empty), no NULLs, the element type, the count, lower bound
+    # 1: with the lengths summed above, every element is then of the element type's size
+    if not (
+        (header == np.outer(counts > 0, [1, 0, 0]) + [0, 0, oid]).all()
+        and (dims[:, 0] == counts[counts > 0]).all()
+        and (dims[:, 1] == 1).all()
+    ):
+        raise ValueError("joined arrays: a header does not match its count")
+    firsts = np.repeat(heads + heads_bytes + 4, counts)
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    at = firsts + within * step
+    return raw[at[:, None] + np.arange(value.itemsize)].view(value).ravel().astype(native)
+
+
+# element type: its oid, numpy's dtype of it as sent, and as loaded (as _ArrayLoader's)
+_JOINED = {
+    "int4": (23, np.dtype(">i4"), np.int64),
+    "float8": (701, np.dtype(">f8"), np.float64),
+}
+_ARRAY_HEAD_BYTES = 20  # ndim, has-nulls, element oid, size, lower bound (one dimension)
 _POSTGRES_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since 1970
 _ARRAY_HEAD = struct.Struct("!ii")
 _INT4 = struct.Struct("!i")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from apps.core.codec import floats_decode, ints_decode
+from apps.telemetry.arrays import arrays_joined
 
 Key = tuple[int, int, int]  # (node id, metric id, gpu)
 Points = tuple[np.ndarray, np.ndarray]  # (ts in epoch seconds, values), in time order
@@ -144,7 +145,8 @@ def _block_points(rows: Sequence[Sequence]) -> tuple[list[Key], np.ndarray, np.n
 
 class SpanPoints:
     """The points of a spans read (node rows of node id, series (metric id << 16 | gpu +
-    32768), chunk starts (e0, epoch seconds), offsets, values, encoded ones: `_SPANS_SQL`)
+    32768), chunk starts (e0, epoch seconds), offsets, values, encoded ones, and for raw
+    chunks of more points their counts and joined arrays: `_SPANS_SQL`)
     as flat columns in the order read: each point's node id, metric id, gpu, chunk start,
     ts and value. A kept window places them into its own columns with a few numpy calls a
     pass, not a call per series (65,536 series a pass at 16,384 ranks: SeriesBlocks'
@@ -160,9 +162,9 @@ class SpanPoints:
             offsets = np.concatenate([offsets for offsets, _ in stored])
             values = np.concatenate([vals for _, vals in stored])
             nodes = np.repeat(np.array([row[0] for row in rows], dtype=np.int64), lengths)
-            series = np.concatenate([row[1] for row in rows]).astype(np.int64)
+            series = np.concatenate([_per_point(row, 1) for row in rows]).astype(np.int64)
             metrics, gpus = series >> 16, (series & 0xFFFF) - 32768
-            starts = np.concatenate([row[2] for row in rows]).astype(np.float64)
+            starts = np.concatenate([_per_point(row, 2) for row in rows]).astype(np.float64)
             ts = starts + (offsets / 1000.0)
             self.parts.append((nodes, metrics, gpus, starts, ts, values))
 
@@ -176,8 +178,18 @@ class SpanPoints:
 
 def _node_points(row: Sequence) -> tuple[np.ndarray, np.ndarray]:
     """(ms offsets from each point's chunk start, values) of a spans read's node row; a row
-    of one-point chunks sends no offsets: each point is at its chunk's start."""
-    offsets, vals, ts_pco = row[3], row[4], row[5]
+    of one-point chunks sends no offsets: each point is at its chunk's start. A row of raw
+    chunks of more points sends each chunk's count and their arrays joined."""
+    offsets, vals, ts_pco, counts = row[3], row[4], row[5], row[7]
+    if counts is not None:
+        return arrays_joined(row[8], counts, "int4"), arrays_joined(row[9], counts, "float8")
     if offsets is None and ts_pco is None:
         return np.zeros(len(vals), dtype=np.int64), np.asarray(vals, dtype=np.float64)
     return chunk_arrays(offsets, vals, ts_pco, row[6])
+
+
+def _per_point(row: Sequence, column: int) -> np.ndarray:
+    """A spans read row's series or chunk starts, one a point: a row of many-point raw
+    chunks sends them one a chunk."""
+    counts = row[7]
+    return row[column] if counts is None else np.repeat(row[column], counts)

@@ -4,6 +4,7 @@ every point gives, whatever the block size (series split across blocks included)
 from __future__ import annotations
 
 import math
+import struct
 
 import numpy as np
 from hypothesis import given, settings
@@ -96,30 +97,35 @@ def read_order(rows) -> list:
 
 def as_node_rows(rows) -> list:
     """The same points as the spans read sends them (apps.telemetry.selectors, _SPANS_SQL):
-    a row per node of its one-point chunks, their points without offsets, then a row of its
-    other chunks; every point with its metric id, gpu and chunk start."""
+    a row per node of its one-point chunks, every point with its series and chunk start and
+    without offsets, then a row of its other chunks: each chunk's series, start and count,
+    and their arrays as array_send joins them."""
     by_node: dict = {}
     for node, metric, gpu, e0, offsets, vals, _, _ in rows:
         kind = one_point((node, metric, gpu, e0, offsets))
         by_node.setdefault((node, not kind), []).append((metric, gpu, e0, offsets, vals))
     out = []
     for (node, other), chunks in sorted(by_node.items()):
-        lengths = [len(offsets) for *_, offsets, _ in chunks]
-        out.append(
-            (
-                node,
-                np.repeat(
-                    np.array([(c[0] << 16) | (c[1] + 32768) for c in chunks], dtype=np.int64),
-                    lengths,
-                ),
-                np.repeat(np.array([c[2] for c in chunks]), lengths),
-                np.concatenate([c[3] for c in chunks]) if other else None,
-                np.concatenate([c[4] for c in chunks]),
-                None,
-                None,
-            )
-        )
+        series = np.array([(c[0] << 16) | (c[1] + 32768) for c in chunks], dtype=np.int64)
+        starts = np.array([c[2] for c in chunks])
+        if not other:
+            values = np.concatenate([c[4] for c in chunks])
+            out.append((node, series, starts, None, values, None, None, None, None, None))
+            continue
+        counts = np.array([len(c[3]) for c in chunks])
+        offsets = b"".join(array_send(c[3], 23, ">i4") for c in chunks)
+        values = b"".join(array_send(c[4], 701, ">f8") for c in chunks)
+        out.append((node, series, starts, None, None, None, None, counts, offsets, values))
     return out
+
+
+def array_send(items, oid: int, element: str) -> bytes:
+    """Postgres's binary form of a one-dimensional array without NULLs (array_send)."""
+    pairs = np.empty(len(items), dtype=[("length", ">i4"), ("value", element)])
+    pairs["length"], pairs["value"] = np.dtype(element).itemsize, items
+    if not len(items):  # no dimension, as Postgres sends an empty array
+        return struct.pack("!iii", 0, 0, oid)
+    return struct.pack("!iiiii", 1, 0, oid, len(items), 1) + pairs.tobytes()
 
 
 @settings(max_examples=200, deadline=None)
