@@ -83,10 +83,12 @@ def arrays_joined(sent: bytes, counts: np.ndarray, element: str) -> np.ndarray:
     ends = np.cumsum(sizes)
     if counts.size == 0 or counts.min() < 0 or ends[-1] != len(sent):
         raise ValueError("joined arrays: their lengths are not the counts given")
-    heads = ends - sizes
-    raw = np.frombuffer(sent, dtype=np.uint8)
-    header = raw[heads[:, None] + np.arange(12)].view(">i4")
-    dims = raw[heads[counts > 0, None] + np.arange(12, _ARRAY_HEAD_BYTES)].view(">i4")
+    # Every field is 4 or 8 bytes at a multiple of 4: read as 4-byte words, an element is
+    # one index (two for float8), not one a byte.
+    words = np.frombuffer(sent, dtype=">u4")
+    heads = (ends - sizes) // 4
+    header = words[heads[:, None] + np.arange(3)].astype(np.int64)
+    dims = words[heads[counts > 0, None] + np.arange(3, 5)].astype(np.int64)
     # one dimension (none when empty), no NULLs, the element type, the count, lower bound
     # 1: with the lengths summed above, every element is then of the element type's size
     if not (
@@ -95,10 +97,16 @@ def arrays_joined(sent: bytes, counts: np.ndarray, element: str) -> np.ndarray:
         and (dims[:, 1] == 1).all()
     ):
         raise ValueError("joined arrays: a header does not match its count")
-    firsts = np.repeat(heads + heads_bytes + 4, counts)
-    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    at = firsts + within * step
-    return raw[at[:, None] + np.arange(value.itemsize)].view(value).ravel().astype(native)
+    # the i-th element of all, the k-th of its array: its array's first value's word + k
+    # steps; k is i less the elements before its array
+    total, stride = int(counts.sum()), step // 4
+    firsts = heads + heads_bytes // 4 + 1 - (np.cumsum(counts) - counts) * stride
+    at = np.repeat(firsts, counts) + np.arange(total) * stride
+    if value.itemsize == 4:
+        return words[at].view(value).astype(native)
+    pairs = np.empty((total, 2), dtype=">u4")
+    pairs[:, 0], pairs[:, 1] = words[at], words[at + 1]
+    return pairs.view(value).ravel().astype(native)
 
 
 # element type: its oid, numpy's dtype of it as sent, and as loaded (as _ArrayLoader's)

@@ -10,7 +10,7 @@ What is held stays bounded by the series and the span, as rows stream in."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -157,7 +157,8 @@ class SpanPoints:
 
     def add(self, rows: Sequence[Sequence]) -> None:
         if rows:
-            stored = [_node_points(row) for row in rows]
+            joined = _joined_points(rows)
+            stored = [next(joined) if row[7] is not None else _node_points(row) for row in rows]
             lengths = [len(offsets) for offsets, _ in stored]
             offsets = np.concatenate([offsets for offsets, _ in stored])
             values = np.concatenate([vals for _, vals in stored])
@@ -176,13 +177,25 @@ class SpanPoints:
         return tuple(np.concatenate(each) for each in zip(*self.parts, strict=True))
 
 
+def _joined_points(rows: Sequence[Sequence]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(ms offsets, values) of each of `rows` that holds raw chunks of more points (each
+    chunk's count, and their arrays joined), in order: decoded for all such rows at once (a
+    call a row was 60 µs, 2,048 a pass at 16,384 ranks)."""
+    joined = [row for row in rows if row[7] is not None]
+    if not joined:
+        return iter(())
+    counts = np.concatenate([row[7] for row in joined])
+    offsets = arrays_joined(b"".join(row[8] for row in joined), counts, "int4")
+    values = arrays_joined(b"".join(row[9] for row in joined), counts, "float8")
+    chunk_ends = np.cumsum([len(row[7]) for row in joined])
+    splits = np.cumsum(counts)[chunk_ends - 1][:-1]  # where each row's points end
+    return zip(np.split(offsets, splits), np.split(values, splits), strict=True)
+
+
 def _node_points(row: Sequence) -> tuple[np.ndarray, np.ndarray]:
-    """(ms offsets from each point's chunk start, values) of a spans read's node row; a row
-    of one-point chunks sends no offsets: each point is at its chunk's start. A row of raw
-    chunks of more points sends each chunk's count and their arrays joined."""
-    offsets, vals, ts_pco, counts = row[3], row[4], row[5], row[7]
-    if counts is not None:
-        return arrays_joined(row[8], counts, "int4"), arrays_joined(row[9], counts, "float8")
+    """(ms offsets from each point's chunk start, values) of a spans read's node row of
+    one-point chunks (no offsets: each point is at its chunk's start) or of a sealed one."""
+    offsets, vals, ts_pco = row[3], row[4], row[5]
     if offsets is None and ts_pco is None:
         return np.zeros(len(vals), dtype=np.int64), np.asarray(vals, dtype=np.float64)
     return chunk_arrays(offsets, vals, ts_pco, row[6])

@@ -7,7 +7,7 @@ import math
 import struct
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from apps.alerts.selectors.kept_columns import SeriesColumns
@@ -134,6 +134,16 @@ def array_send(items, oid: int, element: str) -> bytes:
     block=st.integers(min_value=1, max_value=3),
     resolution=st.sampled_from([0.0, 1.0]),
     metric=st.sampled_from([7, 70_000, 2**31 - 1]),  # ids past 16 bits too
+)
+@example(  # two nodes' rows of many-point chunks in one block: their points split apart
+    rows=[
+        (0, 7, 0, 1000.0, np.array([0, 1000, 2000]), np.array([1.0, 2.0, 3.0]), None, None),
+        (0, 7, 0, 1010.0, np.array([0, 500]), np.array([4.0, 5.0]), None, None),
+        (1, 7, 1, 1001.0, np.array([0, 1000]), np.array([6.0, 7.0]), None, None),
+    ],
+    block=3,
+    resolution=0.0,
+    metric=7,
 )
 def test_a_row_per_node_gives_what_a_row_per_chunk_gives(rows, block, resolution, metric):
     """The spans read's node rows (SpanPoints), placed in a kept window's columns, hold the
