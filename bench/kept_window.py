@@ -5,6 +5,7 @@ pass is timed both ways on the same database at the same `now`.
     python bench/kept_window.py --ranks 1024            # the default
     python bench/kept_window.py --ranks 16384 --reps 3
     python bench/kept_window.py --ranks 16384 --reps 3 --all-gpu-metrics   # 7 a GPU, not 4
+    python bench/kept_window.py --ranks 16384 --ticks-per-post 1   # a POST a tick, not 10
 
 Prints, per way (median of the reps; wall, this process's CPU and its Postgres backends' CPU
 read from /proc when Postgres runs on this host, in 10 ms ticks): loading the run's step
