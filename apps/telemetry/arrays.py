@@ -13,6 +13,10 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
+# Postgres's binary array format (array_send), read here and written by chunk_copy
+INT4_OID, FLOAT8_OID = postgres.types["int4"].oid, postgres.types["float8"].oid
+ARRAY_HEAD_BYTES = 20  # ndim, has-nulls, element oid, size, lower bound (one dimension)
+
 
 class _ArrayLoader(Loader):
     """A one-dimensional array of fixed-size elements fetched in binary, as a numpy array:
@@ -32,7 +36,7 @@ class _ArrayLoader(Loader):
         if ndim != 1 or has_nulls:
             raise ValueError("only one-dimensional arrays without NULLs load as numpy")
         (size,) = _INT4.unpack_from(data, 12)
-        items = np.frombuffer(data, dtype=self.element, count=size, offset=20)
+        items = np.frombuffer(data, dtype=self.element, count=size, offset=ARRAY_HEAD_BYTES)
         return self.converted(items["value"])
 
     def converted(self, values: np.ndarray) -> np.ndarray:
@@ -78,7 +82,7 @@ def arrays_joined(sent: bytes, counts: np.ndarray, element: str) -> np.ndarray:
     step = 4 + value.itemsize  # each element's length, then its bytes
     counts = np.asarray(counts, dtype=np.int64)
     # an empty array is sent with no dimension: ndim 0, has-nulls, oid
-    heads_bytes = np.where(counts > 0, _ARRAY_HEAD_BYTES, 12)
+    heads_bytes = np.where(counts > 0, ARRAY_HEAD_BYTES, 12)
     sizes = heads_bytes + step * counts
     ends = np.cumsum(sizes)
     if counts.size == 0 or counts.min() < 0 or ends[-1] != len(sent):
@@ -111,10 +115,9 @@ def arrays_joined(sent: bytes, counts: np.ndarray, element: str) -> np.ndarray:
 
 # element type: its oid, numpy's dtype of it as sent, and as loaded (as _ArrayLoader's)
 _JOINED = {
-    "int4": (23, np.dtype(">i4"), np.int64),
-    "float8": (701, np.dtype(">f8"), np.float64),
+    "int4": (INT4_OID, np.dtype(">i4"), np.int64),
+    "float8": (FLOAT8_OID, np.dtype(">f8"), np.float64),
 }
-_ARRAY_HEAD_BYTES = 20  # ndim, has-nulls, element oid, size, lower bound (one dimension)
 _POSTGRES_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since 1970
 _ARRAY_HEAD = struct.Struct("!ii")
 _INT4 = struct.Struct("!i")

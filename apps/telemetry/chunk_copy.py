@@ -18,16 +18,15 @@ from typing import NamedTuple
 import numpy as np
 
 from apps.core.copy import SIGNATURE, TRAILER, pg_microseconds, send_form
+from apps.telemetry.arrays import ARRAY_HEAD_BYTES, FLOAT8_OID, INT4_OID
 from apps.telemetry.columns import SampleColumns
 
-INT4_OID, FLOAT8_OID = 23, 701
 INT4_MAX = 2**31 - 1
 
 # an array's header after its byte length: ndim, has-nulls, element type oid, length, lower
 # bound; the chunk row's offsets array begins in its head, its values array in its own
 _ARRAY_HEAD = ("len", "ndim", "nulls", "oid", "dim", "lower")
 _VALS_HEAD = np.dtype([(name, ">i4") for name in _ARRAY_HEAD])
-_ARRAY_HEAD_BYTES = 20  # ndim, has-nulls, oid, length, lower bound
 
 
 class SeriesRanges(NamedTuple):
@@ -133,7 +132,7 @@ def _left_to_right_sum(points: list[float]) -> float:
 def _array_head(
     head: np.ndarray, *, prefix: str, oid: int, lengths: np.ndarray, element_bytes: int
 ) -> None:
-    head[f"{prefix}len"] = _ARRAY_HEAD_BYTES + lengths * element_bytes
+    head[f"{prefix}len"] = ARRAY_HEAD_BYTES + lengths * element_bytes
     head[f"{prefix}ndim"], head[f"{prefix}oid"], head[f"{prefix}lower"] = 1, oid, 1
     head[f"{prefix}dim"] = lengths
 
